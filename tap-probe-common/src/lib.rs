@@ -1,0 +1,150 @@
+//! Types shared by the eBPF programs and the userspace loader.
+//!
+//! Everything here is `#[repr(C)]` with explicit padding so both sides agree on the layout
+//! byte for byte; the `user` feature adds the `aya::Pod` impls the loader needs.
+#![no_std]
+
+/// Queue slots the counter map holds. A device takes as many consecutive slots as it has
+/// transmit queues; see [`DeviceSlot`].
+pub const MAX_QUEUE_SLOTS: u32 = 4096;
+/// Devices tracked at once.
+pub const MAX_DEVICES: u32 = 1024;
+/// (queue slot, drop reason) pairs counted at once.
+pub const MAX_DROP_KEYS: u32 = 8192;
+/// Address ranges of the kernel functions that free an skb after the tap reader copied it.
+pub const MAX_READER_RANGES: usize = 8;
+
+pub const MAP_DEVICES: &str = "DEVICES";
+pub const MAP_COUNTERS: &str = "COUNTERS";
+pub const MAP_DROP_REASONS: &str = "DROP_REASONS";
+pub const MAP_QUEUE_STATE: &str = "QUEUE_STATE";
+pub const MAP_IN_FLIGHT: &str = "IN_FLIGHT";
+pub const GLOBAL_KERNEL: &str = "KERNEL";
+
+/// The tracepoint programs of the host backend, with the tracepoint each attaches to.
+pub const PROG_START_XMIT: (&str, &str) = ("net_dev_start_xmit", "net_dev_start_xmit");
+pub const PROG_XMIT: (&str, &str) = ("net_dev_xmit", "net_dev_xmit");
+pub const PROG_KFREE_SKB: (&str, &str) = ("kfree_skb", "kfree_skb");
+pub const PROG_CONSUME_SKB: (&str, &str) = ("consume_skb", "consume_skb");
+pub const PROG_QDISC_DEQUEUE: (&str, &str) = ("qdisc_dequeue", "qdisc_dequeue");
+
+/// A network device as the kernel names it across namespaces: the inode number of its
+/// network namespace (what `/proc/PID/ns/net` shows) and its ifindex there.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceKey {
+    pub netns: u32,
+    pub ifindex: u32,
+}
+
+/// Where a tracked device's counters live: slots `base .. base + queues` of `COUNTERS`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceSlot {
+    pub base: u32,
+    pub queues: u32,
+}
+
+/// Counters of one transmit queue of one device, per CPU in the map; the loader sums CPUs.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    /// Calls into the driver's `ndo_start_xmit` (every `net:net_dev_xmit`).
+    pub xmit_calls: u64,
+    /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
+    pub enqueued: u64,
+    /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
+    pub busy: u64,
+    /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
+    pub dropped_full_ring: u64,
+    /// Freed inside the driver for any other reason (broken down in `DROP_REASONS`), or a
+    /// driver return code that is neither OK nor BUSY.
+    pub dropped_other: u64,
+    /// Packets the reader copied out of the ring and released (`consume_skb` from the tun/tap
+    /// read path).
+    pub consumed: u64,
+    /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit, as observed.
+    pub queue_stops: u64,
+    pub queue_wakes: u64,
+    /// Nanoseconds spent stopped, summed over completed stop..wake intervals.
+    pub stopped_ns: u64,
+}
+
+/// Key of the drop-reason breakdown: a queue slot and an `enum skb_drop_reason` value.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DropKey {
+    pub slot: u32,
+    pub reason: u32,
+}
+
+/// A driver call in progress on this CPU, between `net_dev_start_xmit` and `net_dev_xmit`.
+/// The transmit path runs with bottom halves disabled, so the pair cannot interleave with
+/// another transmit on the same CPU except by nesting (a tracked device transmitting on a
+/// tracked device), which no tun/tap/veth does.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default)]
+pub struct InFlight {
+    pub skb: u64,
+    pub slot: u32,
+    /// Set once `kfree_skb` saw this skb freed inside the driver.
+    pub dropped: u32,
+}
+
+/// A half-open range `[start, end)` of kernel text.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TextRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// What the programs need to know about the running kernel, read from its BTF and kallsyms
+/// by the loader and written into the object's `.rodata` before load. Nothing here is a
+/// constant of one kernel version.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelFacts {
+    /// `offsetof(struct sk_buff, dev)`.
+    pub skb_dev: u32,
+    /// `offsetof(struct sk_buff, queue_mapping)` (a `__u16`).
+    pub skb_queue_mapping: u32,
+    /// `offsetof(struct net_device, ifindex)`.
+    pub dev_ifindex: u32,
+    /// `offsetof(struct net_device, nd_net) + offsetof(possible_net_t, net)`.
+    pub dev_net: u32,
+    /// `offsetof(struct net, ns) + offsetof(struct ns_common, inum)`.
+    pub net_inum: u32,
+    /// `offsetof(struct net_device, _tx)`.
+    pub dev_tx: u32,
+    /// `sizeof(struct netdev_queue)`.
+    pub txq_size: u32,
+    /// `offsetof(struct netdev_queue, state)`.
+    pub txq_state: u32,
+    /// `offsetof(struct netdev_queue, dev)`.
+    pub txq_dev: u32,
+    /// `SKB_DROP_REASON_FULL_RING`.
+    pub reason_full_ring: u32,
+    /// `NETDEV_TX_BUSY`.
+    pub tx_busy: u32,
+    /// `1 << __QUEUE_STATE_DRV_XOFF`, as a mask of `netdev_queue.state`.
+    pub drv_xoff_mask: u32,
+    /// Number of valid entries in `reader_ranges`.
+    pub reader_range_count: u32,
+    pub _pad: u32,
+    /// Kernel functions from which `consume_skb` means "the tap reader took this packet".
+    pub reader_ranges: [TextRange; MAX_READER_RANGES],
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::{DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, QueueCounters};
+
+    // SAFETY: all are `#[repr(C)]`, made of integers, with no implicit padding.
+    unsafe impl aya::Pod for DeviceKey {}
+    unsafe impl aya::Pod for DeviceSlot {}
+    unsafe impl aya::Pod for QueueCounters {}
+    unsafe impl aya::Pod for DropKey {}
+    unsafe impl aya::Pod for InFlight {}
+    unsafe impl aya::Pod for KernelFacts {}
+}

@@ -1,0 +1,22 @@
+//! tap-probe: counts what happens to packets on the transmit path of tun/tap devices.
+
+pub mod btf;
+pub mod cli;
+pub mod demo;
+pub mod discovery;
+pub mod doctor;
+pub mod kallsyms;
+pub mod load;
+pub mod netlink;
+pub mod netns;
+pub mod privileges;
+pub mod probe;
+pub mod tap;
+pub mod traffic;
+pub mod watch;
+
+/// The eBPF object built by `build.rs`.
+#[must_use]
+pub fn ebpf_object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tap-probe"))
+}

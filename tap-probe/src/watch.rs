@@ -1,0 +1,12 @@
+//! `tap-probe watch` (stub, being written).
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+/// Runs `tap-probe watch`.
+///
+/// # Errors
+/// Not yet implemented.
+pub fn run(_args: &Args) -> anyhow::Result<()> {
+    anyhow::bail!("not yet implemented")
+}
