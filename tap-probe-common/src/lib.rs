@@ -6,7 +6,10 @@
 
 /// Queue slots the counter map holds. A device takes as many consecutive slots as it has
 /// transmit queues; see [`DeviceSlot`].
-pub const MAX_QUEUE_SLOTS: u32 = 4096;
+pub const MAX_QUEUE_SLOTS: u32 = 16384;
+/// Queues counted per device; a multi-queue tap allocates 256 (MAX_TAP_QUEUES) but uses as
+/// many as it has readers.
+pub const MAX_QUEUES_PER_DEVICE: u32 = 64;
 /// Devices tracked at once.
 pub const MAX_DEVICES: u32 = 1024;
 /// (queue slot, drop reason) pairs counted at once.
@@ -27,6 +30,9 @@ pub const PROG_XMIT: (&str, &str) = ("net_dev_xmit", "net_dev_xmit");
 pub const PROG_KFREE_SKB: (&str, &str) = ("kfree_skb", "kfree_skb");
 pub const PROG_CONSUME_SKB: (&str, &str) = ("consume_skb", "consume_skb");
 pub const PROG_QDISC_DEQUEUE: (&str, &str) = ("qdisc_dequeue", "qdisc_dequeue");
+/// The XDP program that emulates a slow reader on a veth peer, and its hold time global.
+pub const PROG_SLOW_CONSUMER: &str = "slow_consumer";
+pub const GLOBAL_SLOW_CONSUMER_NS: &str = "SLOW_CONSUMER_NS";
 
 /// A network device as the kernel names it across namespaces: the inode number of its
 /// network namespace (what `/proc/PID/ns/net` shows) and its ifindex there.
@@ -70,6 +76,10 @@ pub struct QueueCounters {
     pub stopped_ns: u64,
 }
 
+/// Pseudo drop reason for a driver return code that is neither `NETDEV_TX_OK` nor
+/// `NETDEV_TX_BUSY` (the skb's fate is then the driver's business, but it was not taken).
+pub const DROP_REASON_XMIT_ERROR: u32 = u32::MAX;
+
 /// Key of the drop-reason breakdown: a queue slot and an `enum skb_drop_reason` value.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -86,9 +96,11 @@ pub struct DropKey {
 #[derive(Copy, Clone, Debug, Default)]
 pub struct InFlight {
     pub skb: u64,
+    pub dev: u64,
     pub slot: u32,
+    pub queue: u16,
     /// Set once `kfree_skb` saw this skb freed inside the driver.
-    pub dropped: u32,
+    pub dropped: u16,
 }
 
 /// A half-open range `[start, end)` of kernel text.

@@ -1,2 +1,314 @@
+//! The tracepoint backend: raw tracepoints on the transmit path, the drop and consume points,
+//! and the qdisc dequeue, counting per (device, queue) into per-CPU maps.
+//!
+//! Per packet the programs do a few `bpf_probe_read_kernel`s at offsets the loader read from
+//! the kernel's BTF, one hash lookup on a 64-bit key, and plain increments of per-CPU memory.
 #![no_std]
 #![no_main]
+
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, fentry, kprobe, map, raw_tracepoint, tracepoint, xdp},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    programs::{
+        BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, TracePointContext,
+        XdpContext,
+    },
+};
+use tap_probe_common::{
+    DROP_REASON_XMIT_ERROR, DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, MAX_DEVICES,
+    MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_READER_RANGES, QueueCounters,
+};
+
+/// Filled in by the loader before load (it lands in `.rodata`); read field by field with
+/// volatile reads so the compiler cannot fold the zero initialiser.
+#[unsafe(no_mangle)]
+static KERNEL: KernelFacts = unsafe { core::mem::zeroed() };
+
+macro_rules! fact {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(&raw const KERNEL.$field) }
+    };
+}
+
+#[map]
+static DEVICES: HashMap<DeviceKey, DeviceSlot> = HashMap::with_max_entries(MAX_DEVICES, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<QueueCounters> = PerCpuArray::with_max_entries(MAX_QUEUE_SLOTS, 0);
+
+#[map]
+static DROP_REASONS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(MAX_DROP_KEYS, 0);
+
+/// Per queue slot: 0 while the queue runs, `since_ns | 1` while it is stopped.
+///
+/// Shared between CPUs, yet read and written without atomics: a queue only stops under a
+/// qdisc (tun's series and veth stop the queue only when a qdisc is attached), and then every
+/// transmit and every dequeue of that queue runs under the qdisc's running state
+/// (`qdisc_run_begin`, net/sched/sch_generic.c), which serialises the observers below.
+#[map]
+static QUEUE_STATE: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
+
+#[map]
+static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn read<T>(base: u64, offset: u32) -> Option<T> {
+    // SAFETY: bpf_probe_read_kernel tolerates any address and reports a fault as an error.
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T).ok() }
+}
+
+/// The counter slot of `queue` on the net_device at `dev`, if that device is tracked.
+#[inline(always)]
+fn queue_slot(dev: u64, queue: u32) -> Option<u32> {
+    let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
+    let net: u64 = read(dev, fact!(dev_net))?;
+    let netns: u32 = read(net, fact!(net_inum))?;
+    // SAFETY: the value is copied out before any other map operation.
+    let slot = unsafe { DEVICES.get(&DeviceKey { netns, ifindex }) }?;
+    // The loader sizes each device by its num_tx_queues, which bounds queue_mapping.
+    (queue < slot.queues).then_some(slot.base + queue)
+}
+
+#[inline(always)]
+fn counters(slot: u32) -> Option<&'static mut QueueCounters> {
+    // SAFETY: per-CPU memory; the callers run with bottom halves or preemption disabled, and
+    // no two of them that touch the same field can interleave on one CPU.
+    COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
+}
+
+/// Compares the DRV_XOFF bit of the queue at `txq` with what was last seen for `slot` and
+/// counts the transition, if any.
+#[inline(always)]
+fn observe_queue(txq: u64, slot: u32) {
+    let Some(state) = read::<u64>(txq, fact!(txq_state)) else {
+        return;
+    };
+    let Some(seen) = QUEUE_STATE.get_ptr_mut(slot) else {
+        return;
+    };
+    let stopped = state & u64::from(fact!(drv_xoff_mask)) != 0;
+    // SAFETY: see QUEUE_STATE: the observers of one queue are serialised by its qdisc.
+    let since = unsafe { *seen };
+    if stopped == (since != 0) {
+        return;
+    }
+    let Some(c) = counters(slot) else { return };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if stopped {
+        unsafe { *seen = now | 1 };
+        c.queue_stops += 1;
+    } else {
+        unsafe { *seen = 0 };
+        c.queue_wakes += 1;
+        c.stopped_ns += now.saturating_sub(since & !1);
+    }
+}
+
+#[inline(always)]
+fn txq_of(dev: u64, queue: u32) -> Option<u64> {
+    let tx: u64 = read(dev, fact!(dev_tx))?;
+    Some(tx + u64::from(queue) * u64::from(fact!(txq_size)))
+}
+
+/// `net_dev_start_xmit(skb, dev)`: a driver call begins; remember it for this CPU.
+#[raw_tracepoint(tracepoint = "net_dev_start_xmit")]
+pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
+    let skb: u64 = ctx.arg(0);
+    let dev: u64 = ctx.arg(1);
+    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
+        return 0;
+    };
+    let Some(slot) = queue_slot(dev, u32::from(queue)) else {
+        return 0;
+    };
+    if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
+        // SAFETY: per-CPU, and the transmit path runs with bottom halves disabled.
+        unsafe {
+            *f = InFlight { skb, dev, slot, queue, dropped: 0 };
+        }
+    }
+    0
+}
+
+/// `kfree_skb(skb, location, reason, rx_sk)`: a drop; it is the driver's when it frees the
+/// skb of the call in flight on this CPU (tun_net_xmit's `drop:` label, drivers/net/tun.c).
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn kfree_skb(ctx: RawTracePointContext) -> i32 {
+    let skb: u64 = ctx.arg(0);
+    let reason: u64 = ctx.arg(2);
+    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else { return 0 };
+    // SAFETY: per-CPU; see net_dev_start_xmit.
+    let f = unsafe { &mut *f };
+    if f.skb != skb || skb == 0 {
+        return 0;
+    }
+    f.dropped = 1;
+    let slot = f.slot;
+    let Some(c) = counters(slot) else { return 0 };
+    if reason == u64::from(fact!(reason_full_ring)) {
+        c.dropped_full_ring += 1;
+    } else {
+        c.dropped_other += 1;
+        count_reason(slot, reason as u32);
+    }
+    0
+}
+
+#[inline(always)]
+fn count_reason(slot: u32, reason: u32) {
+    let key = DropKey { slot, reason };
+    match DROP_REASONS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value.
+        Some(n) => unsafe { *n += 1 },
+        None => {
+            let _ = DROP_REASONS.insert(&key, &1, 0);
+        }
+    }
+}
+
+/// `net_dev_xmit(skb, rc, dev, skb_len)`: the driver returned.
+#[raw_tracepoint(tracepoint = "net_dev_xmit")]
+pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
+    let skb: u64 = ctx.arg(0);
+    let rc: u64 = ctx.arg(1);
+    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else { return 0 };
+    // SAFETY: per-CPU; see net_dev_start_xmit.
+    let f = unsafe { &mut *f };
+    if f.skb != skb || skb == 0 {
+        return 0;
+    }
+    let InFlight { dev, slot, queue, dropped, .. } = *f;
+    f.skb = 0;
+    let Some(c) = counters(slot) else { return 0 };
+    c.xmit_calls += 1;
+    // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, or a negative errno some drivers pass up.
+    let rc = rc as u32;
+    if rc == fact!(tx_busy) {
+        c.busy += 1;
+    } else if dropped == 0 {
+        if rc == 0 {
+            c.enqueued += 1;
+        } else {
+            c.dropped_other += 1;
+            count_reason(slot, DROP_REASON_XMIT_ERROR);
+        }
+    }
+    if let Some(txq) = txq_of(dev, u32::from(queue)) {
+        observe_queue(txq, slot);
+    }
+    0
+}
+
+/// `consume_skb(skb, location)`: freed after use; it is the reader's take when freed from
+/// the tun/tap read path (tun_do_read: tun_put_user, then consume_skb), which is also where
+/// tun counts `tx_packets`.
+#[raw_tracepoint(tracepoint = "consume_skb")]
+pub fn consume_skb(ctx: RawTracePointContext) -> i32 {
+    let location: u64 = ctx.arg(1);
+    if !in_reader(location) {
+        return 0;
+    }
+    let skb: u64 = ctx.arg(0);
+    let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else { return 0 };
+    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
+        return 0;
+    };
+    let Some(slot) = queue_slot(dev, u32::from(queue)) else {
+        return 0;
+    };
+    if let Some(c) = counters(slot) {
+        c.consumed += 1;
+    }
+    0
+}
+
+#[inline(always)]
+fn in_reader(location: u64) -> bool {
+    let n = fact!(reader_range_count) as usize;
+    for i in 0..MAX_READER_RANGES {
+        if i >= n {
+            break;
+        }
+        let range = unsafe { core::ptr::read_volatile(&raw const KERNEL.reader_ranges[i]) };
+        if location >= range.start && location < range.end {
+            return true;
+        }
+    }
+    false
+}
+
+/// `qdisc_dequeue(qdisc, txq, packets, skb)`: the qdisc looks at the queue; a wake shows
+/// here first, since netif_tx_wake_queue reschedules the qdisc.
+#[raw_tracepoint(tracepoint = "qdisc_dequeue")]
+pub fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
+    let txq: u64 = ctx.arg(1);
+    let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else { return 0 };
+    let Some(tx) = read::<u64>(dev, fact!(dev_tx)) else { return 0 };
+    let size = u64::from(fact!(txq_size));
+    if size == 0 || txq < tx {
+        return 0;
+    }
+    let queue = (txq - tx) / size;
+    if queue > u64::from(u16::MAX) {
+        return 0;
+    }
+    if let Some(slot) = queue_slot(dev, queue as u32) {
+        observe_queue(txq, slot);
+    }
+    0
+}
+
+/// How long `slow_consumer` holds each packet, set by the loader.
+#[unsafe(no_mangle)]
+static SLOW_CONSUMER_NS: u64 = 0;
+
+/// An XDP program that spends `SLOW_CONSUMER_NS` on every packet, then passes it: attached to
+/// a veth peer whose NAPI runs threaded on another CPU, it makes a deliberately slow reader of
+/// the veth ring, so the sender sees the ring fill (NETDEV_TX_BUSY, queue stops and wakes).
+#[xdp]
+pub fn slow_consumer(_ctx: XdpContext) -> u32 {
+    let hold = unsafe { core::ptr::read_volatile(&raw const SLOW_CONSUMER_NS) };
+    let start = unsafe { bpf_ktime_get_ns() };
+    // Bounded for the verifier; a ktime read costs tens of ns, so 4096 rounds cover ~100 us.
+    for _ in 0..4096 {
+        if unsafe { bpf_ktime_get_ns() }.wrapping_sub(start) >= hold {
+            break;
+        }
+    }
+    aya_ebpf::bindings::xdp_action::XDP_PASS
+}
+
+// Minimal programs `tap-probe doctor` loads and attaches to learn which attach types this
+// kernel allows. They do nothing.
+
+#[raw_tracepoint(tracepoint = "net_dev_xmit")]
+pub fn doctor_raw_tp(_ctx: RawTracePointContext) -> i32 {
+    0
+}
+
+#[btf_tracepoint(function = "net_dev_xmit")]
+pub fn doctor_tp_btf(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[tracepoint(category = "net", name = "net_dev_xmit")]
+pub fn doctor_tracepoint(_ctx: TracePointContext) -> u32 {
+    0
+}
+
+#[kprobe]
+pub fn doctor_kprobe(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[fentry(function = "tun_net_xmit")]
+pub fn doctor_fentry(_ctx: FEntryContext) -> u32 {
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,1 +1,291 @@
-//! (being written)
+//! The loaded eBPF object: attach, decide which devices are tracked, read their counters.
+//!
+//! Each tracked device owns `queues` consecutive slots of the counter map. Freed ranges wait
+//! one generation before reuse, so a program that looked a device up just before it was
+//! retired cannot count into the range's next owner.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    programs::RawTracePoint,
+};
+use tap_probe_common::{
+    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, KernelFacts, MAP_COUNTERS, MAP_DEVICES,
+    MAP_DROP_REASONS, MAP_QUEUE_STATE, MAX_QUEUE_SLOTS, PROG_CONSUME_SKB, PROG_KFREE_SKB,
+    PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_XMIT, QueueCounters,
+};
+
+/// Attach order: the programs that close a driver call go first, so no `net_dev_start_xmit`
+/// is ever recorded without its `net_dev_xmit` being watched.
+const PROGRAMS: [(&str, &str); 5] =
+    [PROG_XMIT, PROG_KFREE_SKB, PROG_CONSUME_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT];
+
+/// The kernel facts the programs need, from BTF and kallsyms.
+///
+/// # Errors
+/// When BTF or kallsyms lack something the programs rely on.
+pub fn kernel_facts() -> anyhow::Result<KernelFacts> {
+    let btf = crate::btf::load_vmlinux()?;
+    let mut facts = crate::btf::kernel_facts(&btf)?;
+    let ranges = crate::kallsyms::reader_ranges()?;
+    if ranges.is_empty() {
+        bail!(
+            "found none of the tun/tap read functions (tun_do_read, tap_do_read, ...) in \
+             /proc/kallsyms: is the tun module loaded? (modprobe tun)"
+        );
+    }
+    for (slot, range) in facts.reader_ranges.iter_mut().zip(&ranges) {
+        *slot = *range;
+    }
+    facts.reader_range_count = u32::try_from(ranges.len().min(facts.reader_ranges.len()))?;
+    Ok(facts)
+}
+
+/// Counters of one device, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// One entry per transmit queue.
+    pub queues: Vec<QueueCounters>,
+    /// Per queue: when the queue was last seen stopped and is not yet seen woken
+    /// (CLOCK_MONOTONIC ns), so a live display can add the running interval.
+    pub stopped_since: Vec<Option<u64>>,
+    /// `(queue, enum skb_drop_reason value) -> count` for `dropped_other`.
+    pub drop_reasons: BTreeMap<(u32, u32), u64>,
+}
+
+pub struct Probe {
+    ebpf: Ebpf,
+    cpus: usize,
+    tracked: HashMap<DeviceKey, DeviceSlot>,
+    /// Free slot ranges `(base, len)`, usable now.
+    free: Vec<(u32, u32)>,
+    /// Ranges freed since the last `retire_generation`.
+    cooling: Vec<(u32, u32)>,
+}
+
+impl Probe {
+    /// Loads the object with `facts` and attaches every program.
+    ///
+    /// # Errors
+    /// When the kernel refuses to load or attach a program; nothing stays attached then.
+    pub fn attach(facts: &KernelFacts) -> anyhow::Result<Self> {
+        crate::privileges::raise_memlock();
+        let object = crate::ebpf_object();
+        if object.is_empty() {
+            bail!("this tap-probe was built with AYA_BUILD_SKIP: it carries no eBPF programs");
+        }
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_KERNEL, facts, true)
+            .load(object)
+            .context("loading the eBPF object")?;
+        for (name, tracepoint) in PROGRAMS {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
+                .try_into()?;
+            program
+                .load()
+                .with_context(|| format!("loading {name} (raw tracepoint)"))?;
+            program
+                .attach(tracepoint)
+                .with_context(|| format!("attaching to raw tracepoint {tracepoint}"))?;
+        }
+        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
+        Ok(Self {
+            ebpf,
+            cpus,
+            tracked: HashMap::new(),
+            free: vec![(0, MAX_QUEUE_SLOTS)],
+            cooling: Vec::new(),
+        })
+    }
+
+    #[must_use]
+    pub fn is_tracked(&self, key: &DeviceKey) -> bool {
+        self.tracked.contains_key(key)
+    }
+
+    /// Starts counting for a device with `queues` transmit queues, from zero.
+    ///
+    /// # Errors
+    /// When the counter map has no room left or a map update fails.
+    pub fn track(&mut self, key: DeviceKey, queues: u32) -> anyhow::Result<()> {
+        if self.tracked.contains_key(&key) {
+            return Ok(());
+        }
+        let queues = queues.max(1);
+        let base = self.allocate(queues).ok_or_else(|| {
+            anyhow!(
+                "no room for {queues} more queues ({MAX_QUEUE_SLOTS} slots in all): \
+                 narrow the devices watched with --dev or --netns"
+            )
+        })?;
+        self.reset(base, queues)?;
+        let slot = DeviceSlot { base, queues };
+        let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
+            BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
+        devices.insert(key, slot, 0).context("adding a device")?;
+        self.tracked.insert(key, slot);
+        Ok(())
+    }
+
+    /// Stops counting for a device; its slots are reused after the next generation.
+    ///
+    /// # Errors
+    /// When the map update fails.
+    pub fn untrack(&mut self, key: &DeviceKey) -> anyhow::Result<()> {
+        let Some(slot) = self.tracked.remove(key) else {
+            return Ok(());
+        };
+        let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
+            BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
+        match devices.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(err) => return Err(err).context("removing a device"),
+        }
+        self.cooling.push((slot.base, slot.queues));
+        Ok(())
+    }
+
+    /// Makes the ranges freed before this call reusable. Call once per refresh interval:
+    /// by then no program still runs with a lookup made before the device was removed.
+    pub fn retire_generation(&mut self) {
+        self.free.append(&mut self.cooling);
+    }
+
+    fn allocate(&mut self, len: u32) -> Option<u32> {
+        let i = self.free.iter().position(|&(_, n)| n >= len)?;
+        let (base, n) = self.free[i];
+        if n == len {
+            self.free.swap_remove(i);
+        } else {
+            self.free[i] = (base + len, n - len);
+        }
+        Some(base)
+    }
+
+    /// Zeroes the counters, queue state and drop reasons of slots `base..base + len`.
+    fn reset(&mut self, base: u32, len: u32) -> anyhow::Result<()> {
+        let cpus = self.cpus;
+        let mut counters: PerCpuArray<&mut MapData, QueueCounters> =
+            PerCpuArray::try_from(self.map_mut(MAP_COUNTERS)?)?;
+        for slot in base..base + len {
+            let zero = PerCpuValues::try_from(vec![QueueCounters::default(); cpus])?;
+            counters.set(slot, zero, 0)?;
+        }
+        let mut state: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_QUEUE_STATE)?)?;
+        for slot in base..base + len {
+            state.set(slot, 0, 0)?;
+        }
+        let mut reasons: PerCpuHashMap<&mut MapData, DropKey, u64> =
+            PerCpuHashMap::try_from(self.map_mut(MAP_DROP_REASONS)?)?;
+        let stale: Vec<DropKey> = reasons
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| (base..base + len).contains(&k.slot))
+            .collect();
+        for key in stale {
+            match reasons.remove(&key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The device's counters now, summed over CPUs.
+    ///
+    /// # Errors
+    /// When the device is not tracked or a map read fails.
+    pub fn read(&self, key: &DeviceKey) -> anyhow::Result<DeviceCounters> {
+        let slot = *self
+            .tracked
+            .get(key)
+            .ok_or_else(|| anyhow!("device {key:?} is not tracked"))?;
+        let counters: PerCpuArray<&MapData, QueueCounters> =
+            PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
+        let state: Array<&MapData, u64> = Array::try_from(self.map(MAP_QUEUE_STATE)?)?;
+        let mut out = DeviceCounters::default();
+        for index in slot.base..slot.base + slot.queues {
+            let per_cpu = counters.get(&index, 0)?;
+            out.queues.push(sum(per_cpu.iter()));
+            let since = state.get(&index, 0)?;
+            out.stopped_since.push((since != 0).then_some(since & !1));
+        }
+        let reasons: PerCpuHashMap<&MapData, DropKey, u64> =
+            PerCpuHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;
+        for entry in reasons.iter() {
+            let (k, values) = entry?;
+            if (slot.base..slot.base + slot.queues).contains(&k.slot) {
+                let n: u64 = values.iter().sum();
+                *out.drop_reasons.entry((k.slot - slot.base, k.reason)).or_default() += n;
+            }
+        }
+        Ok(out)
+    }
+
+    fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
+        self.ebpf
+            .map(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+    }
+
+    fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+    }
+}
+
+fn sum<'a>(per_cpu: impl Iterator<Item = &'a QueueCounters>) -> QueueCounters {
+    per_cpu.fold(QueueCounters::default(), |mut a, c| {
+        a.xmit_calls += c.xmit_calls;
+        a.enqueued += c.enqueued;
+        a.busy += c.busy;
+        a.dropped_full_ring += c.dropped_full_ring;
+        a.dropped_other += c.dropped_other;
+        a.consumed += c.consumed;
+        a.queue_stops += c.queue_stops;
+        a.queue_wakes += c.queue_wakes;
+        a.stopped_ns += c.stopped_ns;
+        a
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_adds_every_field() {
+        let one = QueueCounters {
+            xmit_calls: 1,
+            enqueued: 2,
+            busy: 3,
+            dropped_full_ring: 4,
+            dropped_other: 5,
+            consumed: 6,
+            queue_stops: 7,
+            queue_wakes: 8,
+            stopped_ns: 9,
+        };
+        let two = sum([one, one].iter());
+        assert_eq!(
+            two,
+            QueueCounters {
+                xmit_calls: 2,
+                enqueued: 4,
+                busy: 6,
+                dropped_full_ring: 8,
+                dropped_other: 10,
+                consumed: 12,
+                queue_stops: 14,
+                queue_wakes: 16,
+                stopped_ns: 18,
+            }
+        );
+    }
+}

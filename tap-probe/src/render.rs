@@ -1,0 +1,172 @@
+//! Output: a live table for people, one JSON object per refresh for programs.
+
+use std::io::{IsTerminal as _, Write as _};
+
+use crate::report::{Report, Row};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table refreshed in place on a terminal, appended otherwise.
+    #[default]
+    Table,
+    /// One JSON object per line and refresh.
+    Json,
+}
+
+pub struct Output {
+    format: Format,
+    redraw: bool,
+}
+
+impl Output {
+    #[must_use]
+    pub fn new(format: Format) -> Self {
+        Self { format, redraw: format == Format::Table && std::io::stdout().is_terminal() }
+    }
+
+    /// Shows one refresh; `previous` gives the rates.
+    ///
+    /// # Errors
+    /// When stdout is closed.
+    pub fn show(&self, report: &Report, previous: Option<&Report>) -> anyhow::Result<()> {
+        let text = match self.format {
+            Format::Json => json_line(report, false)?,
+            Format::Table => {
+                let mut t = String::new();
+                if self.redraw {
+                    // Home the cursor and clear the screen: a plain redraw, no raw mode or
+                    // alternate screen, so there is nothing to restore on exit.
+                    t.push_str("\x1b[H\x1b[2J");
+                }
+                t.push_str(&table(report, previous));
+                t
+            }
+        };
+        write_out(&text)
+    }
+
+    /// The final summary after detaching.
+    ///
+    /// # Errors
+    /// When stdout is closed.
+    pub fn summary(&self, report: &Report) -> anyhow::Result<()> {
+        let text = match self.format {
+            Format::Json => json_line(report, true)?,
+            Format::Table => format!("\nFinal counters after {:.1} s:\n{}", report.elapsed_s, table(report, None)),
+        };
+        write_out(&text)
+    }
+}
+
+fn write_out(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// One report as a JSON line; `final` marks the summary written after detaching.
+///
+/// # Errors
+/// Never in practice (serialising plain data).
+pub fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
+    let mut value = serde_json::to_value(report)?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("final".to_owned(), serde_json::Value::Bool(last));
+    }
+    Ok(format!("{value}\n"))
+}
+
+const HEADER: [&str; 16] = [
+    "DEVICE", "NETNS", "KIND", "Q", "OWNER", "XMIT", "ENQUEUED", "BUSY", "FULL_RING", "OTHER",
+    "CONSUMED", "STOPS", "WAKES", "STOPPED", "K_TX_PKTS", "K_TX_DROP",
+];
+
+/// The table: totals, with per-second rates beside the packet counters when `previous` is
+/// given.
+#[must_use]
+pub fn table(report: &Report, previous: Option<&Report>) -> String {
+    let dt = previous.map(|p| report.elapsed_s - p.elapsed_s).filter(|dt| *dt > 0.0);
+    let mut lines: Vec<Vec<String>> = vec![HEADER.iter().map(|s| (*s).to_owned()).collect()];
+    for row in &report.rows {
+        let before = previous.and_then(|p| {
+            p.rows.iter().find(|r| r.ifname == row.ifname && r.netns == row.netns && r.queue == row.queue)
+        });
+        let rate = |now: u64, then: fn(&Row) -> u64| match (dt, before) {
+            (Some(dt), Some(b)) => format!("{} ({}/s)", count(now), count(((now.saturating_sub(then(b))) as f64 / dt).round() as u64)),
+            _ => count(now),
+        };
+        let owner = row.owner.as_ref().map_or_else(|| "-".to_owned(), |o| format!("{}/{}", o.comm, o.pid));
+        let mut name = row.ifname.clone();
+        if row.retired {
+            name.push_str(" (gone)");
+        }
+        lines.push(vec![
+            name,
+            row.netns.clone(),
+            format!("{:?}", row.kind).to_lowercase(),
+            row.queue.to_string(),
+            owner,
+            rate(row.xmit_calls, |r| r.xmit_calls),
+            rate(row.enqueued, |r| r.enqueued),
+            rate(row.busy, |r| r.busy),
+            rate(row.dropped_full_ring, |r| r.dropped_full_ring),
+            rate(row.dropped_other, |r| r.dropped_other),
+            rate(row.consumed, |r| r.consumed),
+            count(row.queue_stops),
+            count(row.queue_wakes),
+            format!("{:.3}s{}", row.stopped_ns as f64 / 1e9, if row.stopped { "*" } else { "" }),
+            count(row.kernel.tx_packets),
+            count(row.kernel.tx_dropped),
+        ]);
+    }
+    let widths: Vec<usize> = (0..HEADER.len())
+        .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, w))| if i < 5 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    if report.rows.is_empty() {
+        out.push_str("(no matching device yet)\n");
+    }
+    let reasons: Vec<String> = report
+        .rows
+        .iter()
+        .flat_map(|r| r.drop_reasons.iter().map(move |(k, v)| format!("{}/q{}: {k} {v}", r.ifname, r.queue)))
+        .collect();
+    if !reasons.is_empty() {
+        out.push_str(&format!("other drops by reason: {}\n", reasons.join(", ")));
+    }
+    out.push_str(&format!("{:.1} s since attach; STOPPED * = stopped now\n", report.elapsed_s));
+    out
+}
+
+/// A count in at most 6 characters: 999, 12.3k, 4.56M.
+fn count(n: u64) -> String {
+    match n {
+        0..=99_999 => n.to_string(),
+        100_000..=99_999_999 => format!("{:.1}k", n as f64 / 1e3),
+        _ => format!("{:.2}M", n as f64 / 1e6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_short() {
+        assert_eq!(count(0), "0");
+        assert_eq!(count(99_999), "99999");
+        assert_eq!(count(123_456), "123.5k");
+        assert_eq!(count(4_560_000_000), "4560.00M");
+    }
+}

@@ -1,0 +1,51 @@
+//! Test hosts: each test builds its own network namespace and devices, removed by guards on
+//! drop (also when an assertion fails).
+#![allow(dead_code, reason = "each test binary uses its own subset of these helpers")]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context as _, Result};
+use tap_probe::netlink::{RootQdisc, Rtnl};
+use tap_probe::netns::{NamedNetns, run_in};
+use tap_probe::tap::{Tap, TapOptions};
+
+/// Privileged tests need root; elsewhere they say so and pass.
+pub fn skip_unless_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        false
+    } else {
+        eprintln!("skipping test - not root");
+        true
+    }
+}
+
+/// A namespace name no other test or run uses.
+pub fn unique(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("tp-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A private namespace with IPv6 off, so the kernel sends nothing of its own (router
+/// solicitations, MLD) into the devices: every frame in them is the test's.
+pub fn quiet_netns(tag: &str) -> Result<NamedNetns> {
+    let ns = NamedNetns::create(&unique(tag))?;
+    run_in(ns.path(), || {
+        for knob in ["all", "default"] {
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1")
+                .with_context(|| format!("disabling IPv6 ({knob})"))?;
+        }
+        Ok(())
+    })?;
+    Ok(ns)
+}
+
+/// A tap in `ns` with the given root qdisc, up. Dropping the tap removes the device.
+pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
+    run_in(ns.path(), || {
+        let tap = Tap::create(name, TapOptions::default())?;
+        let mut rtnl = Rtnl::open()?;
+        rtnl.replace_root_qdisc(tap.ifindex(), qdisc)?;
+        rtnl.set_up(tap.ifindex())?;
+        Ok(tap)
+    })
+}
