@@ -51,43 +51,76 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
     let filter = Filter { globs: args.devs.clone(), netns: args.netns.clone() };
-    let mut watcher = Watcher::new(filter)?;
-    let first = watcher.refresh()?;
-    if first.rows.is_empty() && !args.wait {
-        bail!("{}", watcher.nothing_matches()?);
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let out = render::Output::new(args.format);
-    out.show(&first, None)?;
     runtime.block_on(async {
-        let mut sigterm =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
+        // held until the loop below and still ends in a clean detach.
+        let mut stop = Stop::install()?;
+        let mut watcher = Watcher::new(filter)?;
+        let first = watcher.refresh()?;
+        if first.rows.is_empty() && !args.wait {
+            bail!("{}", watcher.nothing_matches()?);
+        }
+        let out = render::Output::new(args.format);
+        out.show(&first, None)?;
         let period = Duration::from_secs_f64(args.interval);
         let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let mut previous = first;
-        loop {
-            let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if remaining == Some(Duration::ZERO) {
+        while let Some(wait) = next_wait(period, deadline) {
+            if stop.sleep(wait).await {
                 break;
-            }
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = tokio::signal::ctrl_c() => break,
-                _ = sigterm.recv() => break,
-                () = tokio::time::sleep(remaining.unwrap_or(Duration::MAX)), if remaining.is_some() => {}
             }
             let report = watcher.refresh()?;
             out.show(&report, Some(&previous))?;
             previous = report;
         }
-        anyhow::Ok(())
-    })?;
-    let last = watcher.refresh()?;
-    out.summary(&last)
+        let last = watcher.refresh()?;
+        out.summary(&last)
+    })
+}
+
+/// How long to sleep before the next refresh, or `None` once the deadline has passed.
+fn next_wait(period: Duration, deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(period),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| period.min(left))
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, registered once.
+pub struct Stop {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    /// Registers the handlers; must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// When a handler cannot be installed.
+    pub fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        })
+    }
+
+    /// Sleeps for `wait`; true when a signal came first (or had already come).
+    pub async fn sleep(&mut self, wait: Duration) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.int.recv() => true,
+            _ = self.term.recv() => true,
+            () = tokio::time::sleep(wait) => false,
+        }
+    }
 }
 
 /// Keeps the tracked devices in step with the host and reads their counters.

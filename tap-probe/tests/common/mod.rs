@@ -49,3 +49,22 @@ pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
         Ok(tap)
     })
 }
+
+/// The sum of a device's queue rows (every row of `rows` must be the same device).
+pub fn device_total(rows: &[tap_probe::report::Row]) -> tap_probe::report::Row {
+    let mut total = rows.first().expect("at least one row").clone();
+    for r in &rows[1..] {
+        assert_eq!((&r.ifname, &r.netns), (&total.ifname, &total.netns), "rows of one device");
+        total.xmit_calls += r.xmit_calls;
+        total.enqueued += r.enqueued;
+        total.busy += r.busy;
+        total.dropped_full_ring += r.dropped_full_ring;
+        total.dropped_other += r.dropped_other;
+        total.consumed += r.consumed;
+        total.queue_stops += r.queue_stops;
+        total.queue_wakes += r.queue_wakes;
+        total.stopped_ns += r.stopped_ns;
+        total.stopped |= r.stopped;
+    }
+    total
+}

@@ -1,0 +1,82 @@
+//! NETDEV_TX_BUSY, queue stops and wakes, on a veth whose peer reads slowly: veth has had
+//! the stop/wake backpressure that the tun series adds since upstream commit dc82a33297fc,
+//! so it is this kernel's test bed for those counters.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use tap_probe::discovery::Filter;
+use tap_probe::netlink::{QdiscStats, RootQdisc, Rtnl};
+use tap_probe::netns::run_in;
+use tap_probe::slow_consumer::SlowConsumer;
+use tap_probe::traffic::{self, SenderConfig};
+use tap_probe::watch::Watcher;
+
+const FRAMES: u64 = 20_000;
+/// Per packet on the peer: about 50 kpps, far below what one sender pushes.
+const HOLD_NS: u64 = 20_000;
+
+#[test]
+fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("bp").unwrap();
+    let (ifindex, consumer) = run_in(ns.path(), || {
+        let mut rtnl = Rtnl::open()?;
+        rtnl.add_veth("tpva", "tpvb")?;
+        let a = rtnl.link_by_name("tpva")?.ifindex;
+        let b = rtnl.link_by_name("tpvb")?.ifindex;
+        rtnl.replace_root_qdisc(a, RootQdisc::Pfifo { limit: None })?;
+        rtnl.set_up(b)?;
+        rtnl.set_up(a)?;
+        let consumer = SlowConsumer::attach(b, "tpvb", HOLD_NS)?;
+        Ok((a, consumer))
+    })
+    .unwrap();
+    let qdisc = || run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(ifindex)).unwrap();
+    let mut watcher =
+        Watcher::new(Filter { globs: vec!["tpva".to_owned()], netns: Some(ns.name().to_owned()) })
+            .unwrap();
+    // veth has one transmit queue per CPU; the sender's frames may take any of them.
+    assert!(!watcher.refresh().unwrap().rows.is_empty());
+    let before = qdisc();
+
+    let cfg = SenderConfig { batch: 1, ..SenderConfig::new(ifindex, FRAMES, Duration::from_secs(20)) };
+    let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+    let after = settle(&qdisc);
+
+    let end = watcher.refresh().unwrap();
+    let row = &common::device_total(&end.rows);
+    eprintln!("sent {sent:?}\nrow {row:#?}\nqdisc {before:?} -> {after:?}");
+    assert!(row.busy > 0, "the veth ring never filled: this run proves nothing");
+    assert_eq!(row.busy, after.requeues - before.requeues, "every NETDEV_TX_BUSY is one requeue");
+    assert_eq!(
+        row.xmit_calls,
+        row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+        "every driver call ends enqueued, busy or dropped"
+    );
+    assert_eq!(row.enqueued, sent.sent, "with a qdisc nothing accepted is lost");
+    assert!(row.queue_stops > 0, "BUSY without a stop: {row:?}");
+    assert_eq!(row.queue_wakes, row.queue_stops, "the queue runs again once drained");
+    assert!(!row.stopped);
+    assert!(row.stopped_ns > 0);
+    drop(watcher);
+    drop(consumer);
+    drop(ns);
+}
+
+/// Waits (at most 10 s) until the qdisc is empty, i.e. the peer took everything.
+fn settle(qdisc: &dyn Fn() -> QdiscStats) -> QdiscStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = qdisc();
+        if stats.qlen == 0 || Instant::now() > deadline {
+            // One more interval for the last wake to be seen at a dequeue.
+            std::thread::sleep(Duration::from_millis(100));
+            return qdisc();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

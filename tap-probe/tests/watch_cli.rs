@@ -1,0 +1,130 @@
+//! `tap-probe watch` end to end: discovery across namespaces, owners, devices that vanish,
+//! the JSON schema, and bad input.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use tap_probe::discovery::{DeviceKind, Filter};
+use tap_probe::netlink::RootQdisc;
+use tap_probe::watch::Watcher;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+
+#[test]
+fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("disc").unwrap();
+    let tap = common::tap_in(&ns, "tpd0", RootQdisc::PfifoFast).unwrap();
+    let mut watcher =
+        Watcher::new(Filter { globs: vec!["tpd*".to_owned()], netns: Some(ns.name().to_owned()) })
+            .unwrap();
+    let report = watcher.refresh().unwrap();
+    assert_eq!(report.rows.len(), 1, "{:?}", report.rows);
+    let row = &report.rows[0];
+    assert_eq!(row.ifname, "tpd0");
+    assert_eq!(row.netns, ns.name());
+    assert_eq!(row.kind, DeviceKind::Tap);
+    assert_eq!(row.owner.as_ref().map(|o| o.pid), Some(std::process::id()), "the test holds the tap open");
+    assert!(!row.retired);
+
+    drop(tap);
+    let report = watcher.refresh().unwrap();
+    assert_eq!(report.rows.len(), 1, "the vanished device is reported once more");
+    assert!(report.rows[0].retired);
+    let report = watcher.refresh().unwrap();
+    assert!(report.rows.is_empty(), "then it is gone: {:?}", report.rows);
+}
+
+#[test]
+fn json_lines_carry_every_field() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("json").unwrap();
+    let _tap = common::tap_in(&ns, "tpj0", RootQdisc::Noqueue).unwrap();
+    let out = Command::new(BIN)
+        .args(["watch", "--dev", "tpj0", "--netns", ns.name(), "--format", "json"])
+        .args(["--interval", "0.2", "--duration", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is one JSON object"))
+        .collect();
+    assert!(lines.len() >= 3, "refreshes and a final summary: {lines:?}");
+    assert_eq!(lines.last().unwrap()["final"], true);
+    for line in &lines {
+        let rows = line["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        for field in [
+            "ifname", "ifindex", "netns", "kind", "queue", "owner", "xmit_calls", "enqueued", "busy",
+            "dropped_full_ring", "dropped_other", "drop_reasons", "consumed", "queue_stops",
+            "queue_wakes", "stopped_ns",
+        ] {
+            assert!(row.get(field).is_some(), "missing {field} in {row}");
+        }
+        assert_eq!(row["ifname"], "tpj0");
+        assert_eq!(row["kind"], "tap");
+        assert!(row["kernel"]["tx_packets"].is_u64());
+        assert!(row["kernel"]["tx_dropped"].is_u64());
+        assert_eq!(row["owner"]["pid"], std::process::id());
+    }
+}
+
+#[test]
+fn unmatched_glob_is_an_error_that_lists_devices() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("nomatch").unwrap();
+    let _tap = common::tap_in(&ns, "tpn0", RootQdisc::Noqueue).unwrap();
+    let out = Command::new(BIN)
+        .args(["watch", "--dev", "no-such-dev*", "--duration", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no tun, tap, veth or macvtap device matches"), "{stderr}");
+    assert!(stderr.contains("tpn0"), "lists what exists: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn sigterm_detaches_and_prints_a_summary() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("term").unwrap();
+    let _tap = common::tap_in(&ns, "tpt0", RootQdisc::Noqueue).unwrap();
+    let child = Command::new(BIN)
+        .args(["watch", "--dev", "tpt0", "--netns", ns.name(), "--format", "json", "--interval", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["final"], true);
+    assert_eq!(attached_tracing_programs(), 0, "no probe left attached");
+}
+
+/// Programs of ours still loaded anywhere on the host (names are cut to 15 bytes by the
+/// kernel).
+fn attached_tracing_programs() -> usize {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str().is_some_and(|n| n.starts_with("net_dev_start_x") || n == "qdisc_dequeue"))
+        .count()
+}
