@@ -7,7 +7,7 @@
 /// Queue slots the counter map holds. A device takes as many consecutive slots as it has
 /// transmit queues; see [`DeviceSlot`].
 pub const MAX_QUEUE_SLOTS: u32 = 16384;
-/// Queues counted per device; a multi-queue tap allocates 256 (MAX_TAP_QUEUES) but uses as
+/// Queues counted per device; a multi-queue tap allocates 256 (`MAX_TAP_QUEUES`) but uses as
 /// many as it has readers.
 pub const MAX_QUEUES_PER_DEVICE: u32 = 64;
 /// Devices tracked at once.
@@ -143,7 +143,8 @@ pub struct KernelFacts {
     pub drv_xoff_mask: u32,
     /// Number of valid entries in `reader_ranges`.
     pub reader_range_count: u32,
-    pub _pad: u32,
+    /// Explicit padding so `reader_ranges` is 8-byte aligned on both sides; always 0.
+    pub reserved: u32,
     /// Kernel functions from which `consume_skb` means "the tap reader took this packet".
     pub reader_ranges: [TextRange; MAX_READER_RANGES],
 }

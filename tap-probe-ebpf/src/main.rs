@@ -38,7 +38,8 @@ static DEVICES: HashMap<DeviceKey, DeviceSlot> = HashMap::with_max_entries(MAX_D
 static COUNTERS: PerCpuArray<QueueCounters> = PerCpuArray::with_max_entries(MAX_QUEUE_SLOTS, 0);
 
 #[map]
-static DROP_REASONS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(MAX_DROP_KEYS, 0);
+static DROP_REASONS: PerCpuHashMap<DropKey, u64> =
+    PerCpuHashMap::with_max_entries(MAX_DROP_KEYS, 0);
 
 /// Per queue slot: 0 while the queue runs, `since_ns | 1` while it is stopped.
 ///
@@ -125,7 +126,13 @@ pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
     if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
         // SAFETY: per-CPU, and the transmit path runs with bottom halves disabled.
         unsafe {
-            *f = InFlight { skb, dev, slot, queue, dropped: 0 };
+            *f = InFlight {
+                skb,
+                dev,
+                slot,
+                queue,
+                dropped: 0,
+            };
         }
     }
     0
@@ -137,7 +144,9 @@ pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
 pub fn kfree_skb(ctx: RawTracePointContext) -> i32 {
     let skb: u64 = ctx.arg(0);
     let reason: u64 = ctx.arg(2);
-    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else { return 0 };
+    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
+        return 0;
+    };
     // SAFETY: per-CPU; see net_dev_start_xmit.
     let f = unsafe { &mut *f };
     if f.skb != skb || skb == 0 {
@@ -172,13 +181,21 @@ fn count_reason(slot: u32, reason: u32) {
 pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
     let skb: u64 = ctx.arg(0);
     let rc: u64 = ctx.arg(1);
-    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else { return 0 };
+    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
+        return 0;
+    };
     // SAFETY: per-CPU; see net_dev_start_xmit.
     let f = unsafe { &mut *f };
     if f.skb != skb || skb == 0 {
         return 0;
     }
-    let InFlight { dev, slot, queue, dropped, .. } = *f;
+    let InFlight {
+        dev,
+        slot,
+        queue,
+        dropped,
+        ..
+    } = *f;
     f.skb = 0;
     let Some(c) = counters(slot) else { return 0 };
     c.xmit_calls += 1;
@@ -210,7 +227,9 @@ pub fn consume_skb(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let skb: u64 = ctx.arg(0);
-    let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else { return 0 };
+    let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
+        return 0;
+    };
     let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
         return 0;
     };
@@ -243,8 +262,12 @@ fn in_reader(location: u64) -> bool {
 #[raw_tracepoint(tracepoint = "qdisc_dequeue")]
 pub fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
     let txq: u64 = ctx.arg(1);
-    let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else { return 0 };
-    let Some(tx) = read::<u64>(dev, fact!(dev_tx)) else { return 0 };
+    let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else {
+        return 0;
+    };
+    let Some(tx) = read::<u64>(dev, fact!(dev_tx)) else {
+        return 0;
+    };
     let size = u64::from(fact!(txq_size));
     if size == 0 || txq < tx {
         return 0;

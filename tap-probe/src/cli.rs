@@ -4,7 +4,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "tap-probe", version, about = "Count what happens to packets on the transmit path of tun/tap devices")]
+#[command(
+    name = "tap-probe",
+    version,
+    about = "Count what happens to packets on the transmit path of tun/tap devices"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -1,12 +1,737 @@
-//! `tap-probe load` (stub, being written).
+//! `tap-probe load`: bounded traffic through a fresh tap in a private network namespace,
+//! with a reader thread playing the VM, and a report of what got through.
+//!
+//! [`LoadSession`] is the reusable core (the demo and the benchmark runner drive it
+//! directly); [`run_load`] is the whole run as a function; [`run`] is the subcommand.
+
+use std::fmt::Write as _;
+use std::os::fd::AsFd as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+use tap_probe_common::DeviceKey;
+
+use crate::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
+use crate::netns::{self, NamedNetns};
+use crate::tap::{Tap, TapOptions};
+use crate::traffic::{self, ReadReport, ReaderConfig, SendReport, SenderConfig};
+
+/// The tap's name inside its private namespace.
+pub const TAP_NAME: &str = "tp-load0";
+/// How long draining the ring after traffic may take at most.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// The reader outlives the sender by at most this (it is normally stopped explicitly).
+const READER_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QdiscArg {
+    Noqueue,
+    PfifoFast,
+    Pfifo,
+}
+
+impl From<QdiscArg> for RootQdisc {
+    fn from(q: QdiscArg) -> Self {
+        match q {
+            QdiscArg::Noqueue => Self::Noqueue,
+            QdiscArg::PfifoFast => Self::PfifoFast,
+            QdiscArg::Pfifo => Self::Pfifo { limit: None },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
+    #[arg(long, value_enum)]
+    pub qdisc: Option<QdiscArg>,
+    /// Transmit queue length of the tap (also the size of its ring).
+    #[arg(long, value_name = "N")]
+    pub tx_queue_len: Option<u32>,
+    /// Packets per second the reader takes (a slow VM); unlimited when not given.
+    #[arg(long, value_name = "N")]
+    pub reader_pps: Option<u64>,
+    /// Packets to send at most.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub packets: u64,
+    /// Seconds to send at most.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub duration: f64,
+    /// Ethernet frame length in bytes.
+    #[arg(long, default_value_t = 64)]
+    pub frame_len: usize,
+    /// Packets per second to send; as fast as possible when not given.
+    #[arg(long, value_name = "N")]
+    pub pps: Option<u64>,
+    /// Frames per sendmmsg call.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Seconds to wait after the tap is up before sending (time for a separately started
+    /// `tap-probe watch` to discover it).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub start_delay: f64,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
 
 /// Runs `tap-probe load`.
 ///
 /// # Errors
-/// Not yet implemented.
-pub fn run(_args: &Args) -> anyhow::Result<()> {
-    anyhow::bail!("not yet implemented")
+/// When a step of the run fails or the run is interrupted; everything created is removed
+/// first.
+pub fn run(args: &Args) -> Result<()> {
+    let cfg = LoadConfig {
+        session: SessionConfig {
+            qdisc: args.qdisc.map(RootQdisc::from),
+            tx_queue_len: args.tx_queue_len,
+            reader_pps: args.reader_pps,
+            reader_deadline: None,
+        },
+        packets: args.packets,
+        duration: secs("--duration", args.duration)?,
+        frame_len: args.frame_len,
+        pps: args.pps,
+        batch: args.batch,
+        start_delay: secs("--start-delay", args.start_delay)?,
+    };
+    check_capabilities()?;
+    let stop = stop_flag();
+    let _signals = SignalGuard::install().context("cannot install the SIGINT/SIGTERM handlers")?;
+    let report = run_load_with_stop(&cfg, &stop)?;
+    if report.interrupted {
+        bail!("interrupted; the namespace and the tap were removed");
+    }
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string(&report)?),
+        Format::Table => print!("{}", report.table()),
+    }
+    Ok(())
+}
+
+/// `load` needs `CAP_SYS_ADMIN` (namespaces, mounts), `CAP_NET_ADMIN` (tap, links, qdiscs)
+/// and `CAP_NET_RAW` (the packet socket); not the BPF ones `privileges::check` asks for.
+fn check_capabilities() -> Result<()> {
+    const NEEDED: [(u32, &str); 3] = [
+        (21, "CAP_SYS_ADMIN"),
+        (12, "CAP_NET_ADMIN"),
+        (13, "CAP_NET_RAW"),
+    ];
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    let eff = crate::privileges::parse_cap_eff(&status)?;
+    let missing: Vec<&str> = NEEDED
+        .iter()
+        .filter(|(bit, _)| eff & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "tap-probe load lacks {}: run it as root (sudo tap-probe load ...)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn secs(flag: &str, value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| anyhow!("{flag} must be a non-negative number of seconds, got {value}"))
+}
+
+/// The tap's setup.
+#[derive(Debug, Clone, Default)]
+pub struct SessionConfig {
+    /// Root qdisc to install; the kernel default (`pfifo_fast`) when `None`.
+    pub qdisc: Option<RootQdisc>,
+    pub tx_queue_len: Option<u32>,
+    /// Reader pace; unlimited when `None`.
+    pub reader_pps: Option<u64>,
+    /// The reader stops by itself after this long (it is normally stopped by
+    /// [`LoadSession::drain`] or drop); `None` means an hour.
+    pub reader_deadline: Option<Duration>,
+}
+
+/// A whole `load` run.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    pub session: SessionConfig,
+    pub packets: u64,
+    pub duration: Duration,
+    pub frame_len: usize,
+    pub pps: Option<u64>,
+    pub batch: usize,
+    pub start_delay: Duration,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            session: SessionConfig::default(),
+            packets: 2_000_000,
+            duration: Duration::from_secs(5),
+            frame_len: 64,
+            pps: None,
+            batch: 64,
+            start_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Where the session's tap lives: enough to find it from a probe before traffic starts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceIdentity {
+    pub netns_inode: u32,
+    pub netns_name: String,
+    pub netns_path: PathBuf,
+    pub ifindex: u32,
+    pub name: String,
+}
+
+impl DeviceIdentity {
+    #[must_use]
+    pub fn key(&self) -> DeviceKey {
+        DeviceKey {
+            netns: self.netns_inode,
+            ifindex: self.ifindex,
+        }
+    }
+}
+
+/// Counters after a drain, relative to when the session started.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct DrainReport {
+    pub reader: ReadReport,
+    /// Frames left in the ring when the reader stopped, read by the drain.
+    pub drained: u64,
+    /// Change of the tap's interface counters.
+    pub link: LinkStats,
+    /// Change of the root qdisc's counters (`qlen`/`backlog` are current values); `None`
+    /// when the tap has no qdisc that reports any.
+    pub qdisc: Option<QdiscStats>,
+}
+
+/// A namespace with an up tap in it and a reader thread on its queue. Dropping it stops
+/// the reader and removes the tap and the namespace.
+#[derive(Debug)]
+pub struct LoadSession {
+    stop: Arc<AtomicBool>,
+    reader_stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<Result<ReadReport>>>,
+    device: DeviceIdentity,
+    qdisc_kind: String,
+    tx_queue_len: u32,
+    baseline: LinkStats,
+    baseline_qdisc: Option<QdiscStats>,
+    // Declared (and so dropped) in this order: socket, tap, then the namespace.
+    rtnl: Rtnl,
+    tap: Option<Tap>,
+    netns: Option<NamedNetns>,
+}
+
+impl LoadSession {
+    /// Creates the namespace `tap-probe-load-<pid>[-<n>]` with the tap [`TAP_NAME`] up in
+    /// it, and starts the reader. `stop` ends the reader (and sends through
+    /// [`LoadSession::send`]) early, e.g. from a signal handler.
+    ///
+    /// # Errors
+    /// When any step fails; whatever was created is removed again.
+    pub fn start(cfg: &SessionConfig, stop: Arc<AtomicBool>) -> Result<Self> {
+        static SESSIONS: AtomicU32 = AtomicU32::new(0);
+        let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let name = if n == 0 {
+            format!("tap-probe-load-{pid}")
+        } else {
+            format!("tap-probe-load-{pid}-{n}")
+        };
+        let netns = NamedNetns::create(&name)?;
+        let (tap, mut rtnl) = netns::run_in(netns.path(), || setup_tap(cfg))
+            .with_context(|| format!("cannot set up the tap in network namespace {name}"))?;
+        let link = rtnl.link_by_index(tap.ifindex())?;
+        let baseline_qdisc = rtnl.root_qdisc_stats(tap.ifindex()).ok();
+        let reader_fd = tap.clone_queue_fd(0)?;
+        let reader_stop = Arc::new(AtomicBool::new(false));
+        let reader_cfg = ReaderConfig {
+            pps: cfg.reader_pps,
+            deadline: cfg.reader_deadline.unwrap_or(Duration::from_hours(1)),
+            max_packets: None,
+        };
+        let reader = {
+            let reader_stop = Arc::clone(&reader_stop);
+            std::thread::Builder::new()
+                .name("tap-reader".into())
+                .spawn(move || traffic::read(reader_fd.as_fd(), &reader_cfg, &reader_stop))
+                .context("cannot start the reader thread")?
+        };
+        Ok(Self {
+            stop,
+            reader_stop,
+            reader: Some(reader),
+            device: DeviceIdentity {
+                netns_inode: netns.inode(),
+                netns_name: name,
+                netns_path: netns.path().to_owned(),
+                ifindex: tap.ifindex(),
+                name: tap.name().to_owned(),
+            },
+            qdisc_kind: link.qdisc.clone().unwrap_or_default(),
+            tx_queue_len: link.tx_queue_len,
+            baseline: link.stats,
+            baseline_qdisc,
+            rtnl,
+            tap: Some(tap),
+            netns: Some(netns),
+        })
+    }
+
+    #[must_use]
+    pub fn device(&self) -> &DeviceIdentity {
+        &self.device
+    }
+
+    #[must_use]
+    pub fn netns_path(&self) -> &Path {
+        &self.device.netns_path
+    }
+
+    /// Sends through the tap from inside its namespace. `ifindex` and `stop` of `cfg` are
+    /// filled in by the session.
+    ///
+    /// # Errors
+    /// When the sender fails.
+    pub fn send(&self, cfg: &SenderConfig) -> Result<SendReport> {
+        let cfg = SenderConfig {
+            ifindex: self.device.ifindex,
+            stop: Some(Arc::clone(&self.stop)),
+            ..cfg.clone()
+        };
+        netns::run_in(&self.device.netns_path, || traffic::send(&cfg))
+    }
+
+    /// The tap's interface counters now (absolute, not relative to the start).
+    ///
+    /// # Errors
+    /// When the netlink request fails.
+    pub fn link_stats(&mut self) -> Result<LinkStats> {
+        Ok(self.rtnl.link_by_index(self.device.ifindex)?.stats)
+    }
+
+    /// Stops the reader, empties the ring and returns the counters since the start. Call
+    /// once, after sending; a second call finds the reader gone and reports it as idle.
+    ///
+    /// # Errors
+    /// When the reader failed or reading the counters fails.
+    pub fn drain(&mut self) -> Result<DrainReport> {
+        let reader = self.stop_reader().context("the reader thread failed")?;
+        let tap = self
+            .tap
+            .as_ref()
+            .ok_or_else(|| anyhow!("the tap is gone"))?;
+        let fd = tap.queue_fd(0);
+        // Packets still in the qdisc reach the ring from the TX softirq shortly after
+        // the sender stops, so keep draining until the ring stays empty for a moment.
+        let end = traffic::deadline_after(Instant::now(), DRAIN_LIMIT);
+        let mut drained = 0;
+        let mut quiet = 0;
+        while quiet < 3 && Instant::now() < end {
+            let n = traffic::drain(fd, end.saturating_duration_since(Instant::now()))?;
+            drained += n;
+            quiet = if n == 0 { quiet + 1 } else { 0 };
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let now = self.link_stats()?;
+        let link = LinkStats {
+            tx_packets: now.tx_packets.saturating_sub(self.baseline.tx_packets),
+            tx_bytes: now.tx_bytes.saturating_sub(self.baseline.tx_bytes),
+            tx_dropped: now.tx_dropped.saturating_sub(self.baseline.tx_dropped),
+            rx_packets: now.rx_packets.saturating_sub(self.baseline.rx_packets),
+            rx_dropped: now.rx_dropped.saturating_sub(self.baseline.rx_dropped),
+        };
+        let qdisc = self
+            .rtnl
+            .root_qdisc_stats(self.device.ifindex)
+            .ok()
+            .map(|q| {
+                let base = self
+                    .baseline_qdisc
+                    .clone()
+                    .filter(|b| b.kind == q.kind)
+                    .unwrap_or_default();
+                QdiscStats {
+                    packets: q.packets.saturating_sub(base.packets),
+                    bytes: q.bytes.saturating_sub(base.bytes),
+                    drops: q.drops.saturating_sub(base.drops),
+                    requeues: q.requeues.saturating_sub(base.requeues),
+                    overlimits: q.overlimits.saturating_sub(base.overlimits),
+                    ..q
+                }
+            });
+        Ok(DrainReport {
+            reader,
+            drained,
+            link,
+            qdisc,
+        })
+    }
+
+    fn stop_reader(&mut self) -> Result<ReadReport> {
+        self.reader_stop.store(true, Ordering::Relaxed);
+        match self.reader.take() {
+            None => Ok(ReadReport::default()),
+            Some(handle) => handle
+                .join()
+                .map_err(|_| anyhow!("the reader thread panicked"))?,
+        }
+    }
+}
+
+impl Drop for LoadSession {
+    fn drop(&mut self) {
+        if let Err(err) = self.stop_reader() {
+            log::warn!("reader thread of {}: {err:#}", self.device.name);
+        }
+        // The tap goes first (closing its fd deletes the device), then the namespace.
+        drop(self.tap.take());
+        drop(self.netns.take());
+    }
+}
+
+/// Creates the tap in the calling thread's namespace and configures it.
+fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
+    let tap = Tap::create(TAP_NAME, TapOptions::default())?;
+    let mut rtnl = Rtnl::open()?;
+    // IPv6 would send router and multicast-listener solicitations into the tap when it
+    // comes up, polluting the counts. /proc/sys/net resolves against the opener's
+    // namespace, i.e. this thread's. Absent IPv6 is fine.
+    let _ = std::fs::write(
+        format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", tap.name()),
+        "1",
+    );
+    // Before `up`, so the default qdisc is created with this limit (the ring is resized
+    // either way, `tun_queue_resize`).
+    if let Some(len) = cfg.tx_queue_len {
+        rtnl.set_tx_queue_len(tap.ifindex(), len)?;
+    }
+    rtnl.set_up(tap.ifindex())?;
+    if let Some(qdisc) = cfg.qdisc {
+        rtnl.replace_root_qdisc(tap.ifindex(), qdisc)?;
+    }
+    Ok((tap, rtnl))
+}
+
+/// What a `load` run did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadReport {
+    pub device: DeviceIdentity,
+    pub qdisc: String,
+    pub tx_queue_len: u32,
+    pub frame_len: usize,
+    pub pps_limit: Option<u64>,
+    pub reader_pps_limit: Option<u64>,
+    /// Frames given to the kernel.
+    pub attempted: u64,
+    /// Frames the stack accepted.
+    pub sent: u64,
+    /// Frames refused by a full qdisc.
+    pub enobufs: u64,
+    /// Frames the reader took while the sender ran.
+    pub read_by_reader: u64,
+    /// Frames left in the ring afterwards.
+    pub drained: u64,
+    /// Change of the tap's `tx_packets` (tun counts a packet when it is read).
+    pub kernel_tx_packets: u64,
+    /// Change of the tap's `tx_dropped` (ring full, tail drop).
+    pub kernel_tx_dropped: u64,
+    pub qdisc_drops: Option<u64>,
+    pub qdisc_requeues: Option<u64>,
+    /// Seconds spent sending.
+    pub elapsed_secs: f64,
+    /// `sent / elapsed`.
+    pub sender_pps: f64,
+    /// `read_by_reader / elapsed`: what the "VM" got.
+    pub delivered_pps: f64,
+    pub interrupted: bool,
+}
+
+impl LoadReport {
+    /// The report as aligned `name  value` lines.
+    #[must_use]
+    pub fn table(&self) -> String {
+        let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        let rows: Vec<(&str, String)> = vec![
+            (
+                "device",
+                format!(
+                    "{} (ifindex {}, netns {} inode {})",
+                    self.device.name,
+                    self.device.ifindex,
+                    self.device.netns_name,
+                    self.device.netns_inode
+                ),
+            ),
+            ("qdisc", self.qdisc.clone()),
+            ("tx_queue_len", self.tx_queue_len.to_string()),
+            ("frame_len", self.frame_len.to_string()),
+            ("pps limit", opt(self.pps_limit)),
+            ("reader pps limit", opt(self.reader_pps_limit)),
+            ("attempted", self.attempted.to_string()),
+            ("sent", self.sent.to_string()),
+            ("enobufs", self.enobufs.to_string()),
+            ("read by reader", self.read_by_reader.to_string()),
+            ("drained after", self.drained.to_string()),
+            ("kernel tx_packets", self.kernel_tx_packets.to_string()),
+            ("kernel tx_dropped", self.kernel_tx_dropped.to_string()),
+            ("qdisc drops", opt(self.qdisc_drops)),
+            ("qdisc requeues", opt(self.qdisc_requeues)),
+            ("elapsed", format!("{:.3} s", self.elapsed_secs)),
+            ("sender pps", format!("{:.0}", self.sender_pps)),
+            ("delivered pps", format!("{:.0}", self.delivered_pps)),
+        ];
+        let mut out = String::new();
+        for (k, v) in rows {
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "{k:<18} {v}");
+        }
+        out
+    }
+}
+
+/// Runs a whole `load` with its own (never set) stop flag.
+///
+/// # Errors
+/// When a step fails.
+pub fn run_load(cfg: &LoadConfig) -> Result<LoadReport> {
+    run_load_with_stop(cfg, &Arc::new(AtomicBool::new(false)))
+}
+
+/// Runs a whole `load`; setting `stop` ends it early with `interrupted` set.
+///
+/// # Errors
+/// When a step fails.
+pub fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Result<LoadReport> {
+    let session_cfg = SessionConfig {
+        reader_deadline: Some(
+            cfg.start_delay
+                .saturating_add(cfg.duration)
+                .saturating_add(READER_GRACE),
+        ),
+        ..cfg.session.clone()
+    };
+    let mut session = LoadSession::start(&session_cfg, Arc::clone(stop))?;
+    sleep_unless(cfg.start_delay, stop);
+    let sender = SenderConfig {
+        ifindex: session.device().ifindex,
+        count: cfg.packets,
+        frame_len: cfg.frame_len,
+        deadline: cfg.duration,
+        pps: cfg.pps,
+        batch: cfg.batch,
+        stop: None,
+    };
+    let sent = if stop.load(Ordering::Relaxed) {
+        SendReport::default()
+    } else {
+        session.send(&sender)?
+    };
+    let drained = session.drain()?;
+    let secs = sent.elapsed.as_secs_f64();
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a rate; 52 bits of packet count are plenty"
+    )]
+    let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    Ok(LoadReport {
+        device: session.device().clone(),
+        qdisc: drained
+            .qdisc
+            .as_ref()
+            .map_or_else(|| session.qdisc_kind.clone(), |q| q.kind.clone()),
+        tx_queue_len: session.tx_queue_len,
+        frame_len: cfg.frame_len,
+        pps_limit: cfg.pps,
+        reader_pps_limit: cfg.session.reader_pps,
+        attempted: sent.attempted,
+        sent: sent.sent,
+        enobufs: sent.enobufs,
+        read_by_reader: drained.reader.packets,
+        drained: drained.drained,
+        kernel_tx_packets: drained.link.tx_packets,
+        kernel_tx_dropped: drained.link.tx_dropped,
+        qdisc_drops: drained.qdisc.as_ref().map(|q| q.drops),
+        qdisc_requeues: drained.qdisc.as_ref().map(|q| q.requeues),
+        elapsed_secs: secs,
+        sender_pps: per_sec(sent.sent),
+        delivered_pps: per_sec(drained.reader.packets),
+        interrupted: stop.load(Ordering::Relaxed),
+    })
+}
+
+fn sleep_unless(duration: Duration, stop: &AtomicBool) {
+    let end = traffic::deadline_after(Instant::now(), duration);
+    while !stop.load(Ordering::Relaxed) {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+/// The flag the signal handler sets; one per process, reset at every `run`.
+fn stop_flag() -> Arc<AtomicBool> {
+    let flag = Arc::clone(SIGNAL_STOP.get_or_init(|| Arc::new(AtomicBool::new(false))));
+    flag.store(false, Ordering::Relaxed);
+    flag
+}
+
+static SIGNAL_STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Async-signal-safe: OnceLock::get is an atomic load once initialised, and the store
+    // is a single atomic write.
+    if let Some(flag) = SIGNAL_STOP.get() {
+        flag.store(true, Ordering::Relaxed);
+    }
+}
+
+/// SIGINT/SIGTERM set [`SIGNAL_STOP`] while this lives; the previous handlers come back
+/// on drop. No `SA_RESTART`, so blocking calls return `EINTR` and loops look at the flag.
+struct SignalGuard {
+    old: Vec<(Signal, SigAction)>,
+}
+
+impl SignalGuard {
+    fn install() -> Result<Self> {
+        let action = SigAction::new(
+            SigHandler::Handler(on_signal),
+            SaFlags::empty(),
+            SigSet::empty(),
+        );
+        let mut guard = Self { old: Vec::new() };
+        for signal in [Signal::SIGINT, Signal::SIGTERM] {
+            // SAFETY: the handler only touches atomics.
+            let old = unsafe { sigaction(signal, &action) }
+                .with_context(|| format!("sigaction({signal})"))?;
+            guard.old.push((signal, old));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        for (signal, old) in &self.old {
+            // SAFETY: restores a previously installed action.
+            if let Err(err) = unsafe { sigaction(*signal, old) } {
+                log::warn!("cannot restore the {signal} handler: {err}");
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "privileged-tests"))]
+mod tests {
+    use super::*;
+
+    fn root() -> bool {
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            println!("skipping test - not root");
+        }
+        root
+    }
+
+    #[test]
+    fn fast_reader_accounts_for_every_packet() {
+        if !root() {
+            return;
+        }
+        let cfg = LoadConfig {
+            packets: 50_000,
+            duration: Duration::from_secs(3),
+            ..LoadConfig::default()
+        };
+        let report = run_load(&cfg).unwrap();
+        println!("{}", report.table());
+        assert!(!report.device.netns_path.exists(), "namespace left behind");
+        assert_eq!(report.attempted, report.sent + report.enobufs);
+        assert!(report.sent > 0);
+        // tun counts tx_packets when the reader takes a packet: nothing else reads.
+        assert_eq!(
+            report.kernel_tx_packets,
+            report.read_by_reader + report.drained
+        );
+        // Every accepted frame was read or tail-dropped at the ring (qdisc drops show up
+        // as enobufs, not in sent).
+        assert_eq!(
+            report.sent,
+            report.kernel_tx_packets + report.kernel_tx_dropped
+        );
+    }
+
+    #[test]
+    fn slow_reader_tail_drops() {
+        if !root() {
+            return;
+        }
+        let cfg = LoadConfig {
+            session: SessionConfig {
+                qdisc: Some(RootQdisc::Pfifo { limit: None }),
+                tx_queue_len: Some(100),
+                reader_pps: Some(2_000),
+                reader_deadline: None,
+            },
+            packets: 20_000,
+            duration: Duration::from_secs(1),
+            pps: Some(20_000),
+            ..LoadConfig::default()
+        };
+        let report = run_load(&cfg).unwrap();
+        println!("{}", serde_json::to_string_pretty(&report).unwrap());
+        assert_eq!(report.qdisc, "pfifo");
+        assert_eq!(report.tx_queue_len, 100);
+        // The ring (100) plus a 2000 pps reader cannot take 20000 pps: most frames drop.
+        assert!(report.kernel_tx_dropped > report.sent / 2, "{report:?}");
+        assert!(report.read_by_reader <= 2_500, "{report:?}");
+        // The pacer never exceeds the rate (a loaded machine may fall short of it).
+        assert!(report.sender_pps <= 21_000.0, "{report:?}");
+        assert_eq!(
+            report.sent,
+            report.kernel_tx_packets + report.kernel_tx_dropped
+        );
+    }
+
+    #[test]
+    fn session_exposes_device_before_traffic() {
+        if !root() {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut session = LoadSession::start(&SessionConfig::default(), Arc::clone(&stop)).unwrap();
+        let dev = session.device().clone();
+        assert_eq!(netns::inode_of(&dev.netns_path).unwrap(), dev.netns_inode);
+        assert_eq!(dev.name, TAP_NAME);
+        // Stop already set: the sender returns at once.
+        stop.store(true, Ordering::Relaxed);
+        let sent = session
+            .send(&SenderConfig::new(0, 1000, Duration::from_secs(1)))
+            .unwrap();
+        assert_eq!(sent.attempted, 0);
+        let drained = session.drain().unwrap();
+        assert_eq!(drained.link.tx_packets, 0);
+        drop(session);
+        assert!(!dev.netns_path.exists());
+    }
 }

@@ -20,8 +20,13 @@ use tap_probe_common::{
 
 /// Attach order: the programs that close a driver call go first, so no `net_dev_start_xmit`
 /// is ever recorded without its `net_dev_xmit` being watched.
-const PROGRAMS: [(&str, &str); 5] =
-    [PROG_XMIT, PROG_KFREE_SKB, PROG_CONSUME_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT];
+const PROGRAMS: [(&str, &str); 5] = [
+    PROG_XMIT,
+    PROG_KFREE_SKB,
+    PROG_CONSUME_SKB,
+    PROG_QDISC_DEQUEUE,
+    PROG_START_XMIT,
+];
 
 /// The kernel facts the programs need, from BTF and kallsyms.
 ///
@@ -50,7 +55,7 @@ pub struct DeviceCounters {
     /// One entry per transmit queue.
     pub queues: Vec<QueueCounters>,
     /// Per queue: when the queue was last seen stopped and is not yet seen woken
-    /// (CLOCK_MONOTONIC ns), so a live display can add the running interval.
+    /// (`CLOCK_MONOTONIC` ns), so a live display can add the running interval.
     pub stopped_since: Vec<Option<u64>>,
     /// `(queue, enum skb_drop_reason value) -> count` for `dropped_other`.
     pub drop_reasons: BTreeMap<(u32, u32), u64>,
@@ -182,12 +187,12 @@ impl Probe {
         }
         let mut reasons: PerCpuHashMap<&mut MapData, DropKey, u64> =
             PerCpuHashMap::try_from(self.map_mut(MAP_DROP_REASONS)?)?;
-        let stale: Vec<DropKey> = reasons
+        let leftover: Vec<DropKey> = reasons
             .keys()
             .filter_map(Result::ok)
             .filter(|k| (base..base + len).contains(&k.slot))
             .collect();
-        for key in stale {
+        for key in leftover {
             match reasons.remove(&key) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
                 Err(err) => return Err(err.into()),
@@ -217,11 +222,13 @@ impl Probe {
         }
         let reasons: PerCpuHashMap<&MapData, DropKey, u64> =
             PerCpuHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;
-        for entry in reasons.iter() {
+        for entry in &reasons {
             let (k, values) = entry?;
             if (slot.base..slot.base + slot.queues).contains(&k.slot) {
                 let n: u64 = values.iter().sum();
-                *out.drop_reasons.entry((k.slot - slot.base, k.reason)).or_default() += n;
+                *out.drop_reasons
+                    .entry((k.slot - slot.base, k.reason))
+                    .or_default() += n;
             }
         }
         Ok(out)

@@ -1,5 +1,6 @@
 //! Output: a live table for people, one JSON object per refresh for programs.
 
+use std::fmt::Write as _;
 use std::io::{IsTerminal as _, Write as _};
 
 use crate::report::{Report, Row};
@@ -21,7 +22,10 @@ pub struct Output {
 impl Output {
     #[must_use]
     pub fn new(format: Format) -> Self {
-        Self { format, redraw: format == Format::Table && std::io::stdout().is_terminal() }
+        Self {
+            format,
+            redraw: format == Format::Table && std::io::stdout().is_terminal(),
+        }
     }
 
     /// Shows one refresh; `previous` gives the rates.
@@ -52,7 +56,11 @@ impl Output {
     pub fn summary(&self, report: &Report) -> anyhow::Result<()> {
         let text = match self.format {
             Format::Json => json_line(report, true)?,
-            Format::Table => format!("\nFinal counters after {:.1} s:\n{}", report.elapsed_s, table(report, None)),
+            Format::Table => format!(
+                "\nFinal counters after {:.1} s:\n{}",
+                report.elapsed_s,
+                table(report, None)
+            ),
         };
         write_out(&text)
     }
@@ -78,25 +86,56 @@ pub fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
 }
 
 const HEADER: [&str; 16] = [
-    "DEVICE", "NETNS", "KIND", "Q", "OWNER", "XMIT", "ENQUEUED", "BUSY", "FULL_RING", "OTHER",
-    "CONSUMED", "STOPS", "WAKES", "STOPPED", "K_TX_PKTS", "K_TX_DROP",
+    "DEVICE",
+    "NETNS",
+    "KIND",
+    "Q",
+    "OWNER",
+    "XMIT",
+    "ENQUEUED",
+    "BUSY",
+    "FULL_RING",
+    "OTHER",
+    "CONSUMED",
+    "STOPS",
+    "WAKES",
+    "STOPPED",
+    "K_TX_PKTS",
+    "K_TX_DROP",
 ];
 
 /// The table: totals, with per-second rates beside the packet counters when `previous` is
 /// given.
 #[must_use]
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "rates and seconds for display"
+)]
 pub fn table(report: &Report, previous: Option<&Report>) -> String {
-    let dt = previous.map(|p| report.elapsed_s - p.elapsed_s).filter(|dt| *dt > 0.0);
+    let dt = previous
+        .map(|p| report.elapsed_s - p.elapsed_s)
+        .filter(|dt| *dt > 0.0);
     let mut lines: Vec<Vec<String>> = vec![HEADER.iter().map(|s| (*s).to_owned()).collect()];
     for row in &report.rows {
         let before = previous.and_then(|p| {
-            p.rows.iter().find(|r| r.ifname == row.ifname && r.netns == row.netns && r.queue == row.queue)
+            p.rows
+                .iter()
+                .find(|r| r.ifname == row.ifname && r.netns == row.netns && r.queue == row.queue)
         });
         let rate = |now: u64, then: fn(&Row) -> u64| match (dt, before) {
-            (Some(dt), Some(b)) => format!("{} ({}/s)", count(now), count(((now.saturating_sub(then(b))) as f64 / dt).round() as u64)),
+            (Some(dt), Some(b)) => format!(
+                "{} ({}/s)",
+                count(now),
+                count(((now.saturating_sub(then(b))) as f64 / dt).round() as u64)
+            ),
             _ => count(now),
         };
-        let owner = row.owner.as_ref().map_or_else(|| "-".to_owned(), |o| format!("{}/{}", o.comm, o.pid));
+        let owner = row
+            .owner
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |o| format!("{}/{}", o.comm, o.pid));
         let mut name = row.ifname.clone();
         if row.retired {
             name.push_str(" (gone)");
@@ -115,13 +154,23 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
             rate(row.consumed, |r| r.consumed),
             count(row.queue_stops),
             count(row.queue_wakes),
-            format!("{:.3}s{}", row.stopped_ns as f64 / 1e9, if row.stopped { "*" } else { "" }),
+            format!(
+                "{:.3}s{}",
+                row.stopped_ns as f64 / 1e9,
+                if row.stopped { "*" } else { "" }
+            ),
             count(row.kernel.tx_packets),
             count(row.kernel.tx_dropped),
         ]);
     }
     let widths: Vec<usize> = (0..HEADER.len())
-        .map(|i| lines.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for line in &lines {
@@ -129,7 +178,13 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
             .iter()
             .zip(&widths)
             .enumerate()
-            .map(|(i, (cell, w))| if i < 5 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .map(|(i, (cell, w))| {
+                if i < 5 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
@@ -140,16 +195,25 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
     let reasons: Vec<String> = report
         .rows
         .iter()
-        .flat_map(|r| r.drop_reasons.iter().map(move |(k, v)| format!("{}/q{}: {k} {v}", r.ifname, r.queue)))
+        .flat_map(|r| {
+            r.drop_reasons
+                .iter()
+                .map(move |(k, v)| format!("{}/q{}: {k} {v}", r.ifname, r.queue))
+        })
         .collect();
     if !reasons.is_empty() {
-        out.push_str(&format!("other drops by reason: {}\n", reasons.join(", ")));
+        let _ = writeln!(out, "other drops by reason: {}", reasons.join(", "));
     }
-    out.push_str(&format!("{:.1} s since attach; STOPPED * = stopped now\n", report.elapsed_s));
+    let _ = writeln!(
+        out,
+        "{:.1} s since attach; STOPPED * = stopped now",
+        report.elapsed_s
+    );
     out
 }
 
 /// A count in at most 6 characters: 999, 12.3k, 4.56M.
+#[expect(clippy::cast_precision_loss, reason = "a display rounded to 3 digits")]
 fn count(n: u64) -> String {
     match n {
         0..=99_999 => n.to_string(),

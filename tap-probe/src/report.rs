@@ -12,9 +12,9 @@ use crate::probe::DeviceCounters;
 /// The kernel's own counters of a device, as deltas since tap-probe started tracking it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct KernelDeltas {
-    /// tun/tap count a packet here when the reader takes it (tun_put_user).
+    /// tun/tap count a packet here when the reader takes it (`tun_put_user`).
     pub tx_packets: u64,
-    /// Drops inside the driver's transmit (tun_net_xmit's `drop:` path).
+    /// Drops inside the driver's transmit (`tun_net_xmit`'s `drop:` path).
     pub tx_dropped: u64,
 }
 

@@ -1,8 +1,8 @@
 //! A deliberately slow reader for a veth ring: the `slow_consumer` XDP program on the peer,
 //! with the peer's NAPI threaded so it runs on another CPU than the sender.
 //!
-//! veth has applied qdisc backpressure since upstream commit dc82a33297fc (NETDEV_TX_BUSY and
-//! queue stop/wake when its ptr_ring fills), the mechanism the tun series adds; without
+//! veth has applied qdisc backpressure since upstream commit dc82a33297fc (`NETDEV_TX_BUSY` and
+//! queue stop/wake when its `ptr_ring` fills), the mechanism the tun series adds; without
 //! threaded NAPI the peer's poll runs in the sender's own softirq and the ring never fills.
 
 use anyhow::{Context as _, anyhow};
@@ -34,7 +34,9 @@ impl SlowConsumer {
             .program_mut(PROG_SLOW_CONSUMER)
             .ok_or_else(|| anyhow!("program {PROG_SLOW_CONSUMER} missing from the eBPF object"))?
             .try_into()?;
-        program.load().context("loading the slow-consumer XDP program")?;
+        program
+            .load()
+            .context("loading the slow-consumer XDP program")?;
         program
             .attach_to_if_index(ifindex, XdpMode::Default)
             .with_context(|| format!("attaching XDP to {ifname}"))?;
@@ -50,10 +52,22 @@ fn set_threaded_napi(ifname: &str) -> anyhow::Result<()> {
     use nix::mount::{MsFlags, mount};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
         .context("unshare(CLONE_NEWNS) to mount a sysfs for this network namespace")?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .context("making the private mount namespace private")?;
-    mount(Some("sysfs"), "/sys", Some("sysfs"), MsFlags::empty(), None::<&str>)
-        .context("mounting sysfs for this network namespace")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making the private mount namespace private")?;
+    mount(
+        Some("sysfs"),
+        "/sys",
+        Some("sysfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .context("mounting sysfs for this network namespace")?;
     let path = format!("/sys/class/net/{ifname}/threaded");
     std::fs::write(&path, "1").with_context(|| format!("writing 1 to {path}"))
 }

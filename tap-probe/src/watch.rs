@@ -1,6 +1,7 @@
 //! `tap-probe watch`: attach to the running host and show the counters until stopped.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -35,7 +36,9 @@ pub struct Args {
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
     if v.is_finite() && v > 0.0 && v <= 86_400.0 * 365.0 {
         Ok(v)
     } else {
@@ -50,7 +53,10 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 /// attach; the probes are detached in every case.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
-    let filter = Filter { globs: args.devs.clone(), netns: args.netns.clone() };
+    let filter = Filter {
+        globs: args.devs.clone(),
+        netns: args.netns.clone(),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -67,7 +73,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let out = render::Output::new(args.format);
         out.show(&first, None)?;
         let period = Duration::from_secs_f64(args.interval);
-        let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
+        let deadline = args
+            .duration
+            .map(|d| Instant::now() + Duration::from_secs_f64(d));
         let mut previous = first;
         while let Some(wait) = next_wait(period, deadline) {
             if stop.sleep(wait).await {
@@ -151,7 +159,13 @@ impl Watcher {
         let facts = crate::probe::kernel_facts()?;
         let discovery = Discovery::new(filter)?;
         let probe = Probe::attach(&facts)?;
-        Ok(Self { probe, discovery, names, started: Instant::now(), devices: HashMap::new() })
+        Ok(Self {
+            probe,
+            discovery,
+            names,
+            started: Instant::now(),
+            devices: HashMap::new(),
+        })
     }
 
     /// Rescans the host, starts tracking new devices, retires vanished ones, and reads every
@@ -164,18 +178,32 @@ impl Watcher {
         let seen = self.discovery.scan()?;
         self.probe.retire_generation();
         let mut rows = Vec::new();
-        let current: HashMap<DeviceKey, Device> =
-            seen.into_iter().map(|d| (d.key, d)).collect();
-        let gone: Vec<DeviceKey> =
-            self.devices.keys().filter(|k| !current.contains_key(k)).copied().collect();
+        let current: HashMap<DeviceKey, Device> = seen.into_iter().map(|d| (d.key, d)).collect();
+        let gone: Vec<DeviceKey> = self
+            .devices
+            .keys()
+            .filter(|k| !current.contains_key(k))
+            .copied()
+            .collect();
         for key in gone {
             if let Some(tracked) = self.devices.remove(&key) {
                 // Read before untracking: the slots are zeroed on reuse, not on removal.
                 let counters = self.probe.read(&key)?;
                 let kernel = tracked.kernel;
-                rows.extend(device_rows(&tracked.device, &counters, kernel, &self.names, now_ns, true));
+                rows.extend(device_rows(
+                    &tracked.device,
+                    &counters,
+                    kernel,
+                    &self.names,
+                    now_ns,
+                    true,
+                ));
                 self.probe.untrack(&key)?;
-                log::info!("{} (netns {}) is gone; retired", tracked.device.name, tracked.device.netns);
+                log::info!(
+                    "{} (netns {}) is gone; retired",
+                    tracked.device.name,
+                    tracked.device.netns
+                );
             }
         }
         for (key, device) in current {
@@ -188,19 +216,41 @@ impl Watcher {
                 std::collections::hash_map::Entry::Vacant(e) => {
                     self.probe.track(key, device.queues)?;
                     let baseline = (device.stats.tx_packets, device.stats.tx_dropped);
-                    e.insert(Tracked { device, baseline, kernel: KernelDeltas::default() })
+                    e.insert(Tracked {
+                        device,
+                        baseline,
+                        kernel: KernelDeltas::default(),
+                    })
                 }
             };
             let counters = self.probe.read(&key)?;
             let kernel = KernelDeltas {
-                tx_packets: tracked.device.stats.tx_packets.saturating_sub(tracked.baseline.0),
-                tx_dropped: tracked.device.stats.tx_dropped.saturating_sub(tracked.baseline.1),
+                tx_packets: tracked
+                    .device
+                    .stats
+                    .tx_packets
+                    .saturating_sub(tracked.baseline.0),
+                tx_dropped: tracked
+                    .device
+                    .stats
+                    .tx_dropped
+                    .saturating_sub(tracked.baseline.1),
             };
             tracked.kernel = kernel;
-            rows.extend(device_rows(&tracked.device, &counters, kernel, &self.names, now_ns, false));
+            rows.extend(device_rows(
+                &tracked.device,
+                &counters,
+                kernel,
+                &self.names,
+                now_ns,
+                false,
+            ));
         }
         rows.sort_by(|a, b| (&a.netns, &a.ifname, a.queue).cmp(&(&b.netns, &b.ifname, b.queue)));
-        Ok(Report { elapsed_s: self.started.elapsed().as_secs_f64(), rows })
+        Ok(Report {
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            rows,
+        })
     }
 
     /// The error text for a filter that matches nothing: what exists instead.
@@ -215,7 +265,7 @@ impl Watcher {
         } else {
             text.push_str("; devices present:");
             for d in all {
-                text.push_str(&format!("\n  {} (netns {}, {:?})", d.name, d.netns, d.kind));
+                let _ = write!(text, "\n  {} (netns {}, {:?})", d.name, d.netns, d.kind);
             }
             text.push_str("\npass --dev GLOB / --netns NAME to match one of them, or --wait");
         }
@@ -223,10 +273,11 @@ impl Watcher {
     }
 }
 
-/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
+/// `CLOCK_MONOTONIC` in ns, the clock of `bpf_ktime_get_ns`.
 #[must_use]
 pub fn monotonic_ns() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
-    u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+    u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(ts.tv_nsec()).unwrap_or(0)
 }

@@ -27,19 +27,31 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
     })
     .unwrap();
     let start = watcher.refresh().unwrap();
-    assert_eq!(start.rows.len(), 1, "one single-queue tap: {:?}", start.rows);
+    assert_eq!(
+        start.rows.len(),
+        1,
+        "one single-queue tap: {:?}",
+        start.rows
+    );
     let qdisc_before = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
     let stop = AtomicBool::new(false);
     let sent = std::thread::scope(|s| {
         let reader = s.spawn(|| {
-            let cfg = ReaderConfig { pps: Some(4_000), deadline: Duration::from_secs(30), max_packets: None };
+            let cfg = ReaderConfig {
+                pps: Some(4_000),
+                deadline: Duration::from_secs(30),
+                max_packets: None,
+            };
             traffic::read(tap.queue_fd(0), &cfg, &stop)
         });
         // One frame per sendmsg: sendmmsg drops the error of a frame that failed mid-batch
         // (tun answers a full ring with NET_XMIT_DROP, ENOBUFS to the sender), which would
         // blur the count of driver calls.
-        let cfg = SenderConfig { batch: 1, ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20)) };
+        let cfg = SenderConfig {
+            batch: 1,
+            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
+        };
         let sent = run_in(ns.path(), || traffic::send(&cfg));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         reader.join().unwrap().unwrap();
@@ -52,16 +64,28 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
     let end = watcher.refresh().unwrap();
     let row = &end.rows[0];
     eprintln!("sent {sent:?}\nrow {row:#?}\nqdisc {qdisc_before:?} -> {qdisc_after:?}");
-    assert!(row.dropped_full_ring > 0, "the ring never filled: this run proves nothing");
+    assert!(
+        row.dropped_full_ring > 0,
+        "the ring never filled: this run proves nothing"
+    );
     assert!(row.consumed > 0, "the reader took nothing");
-    assert_eq!(row.dropped_full_ring, row.kernel.tx_dropped, "ring-full drops vs kernel tx_dropped");
-    assert_eq!(row.consumed, row.kernel.tx_packets, "consumed vs kernel tx_packets");
+    assert_eq!(
+        row.dropped_full_ring, row.kernel.tx_dropped,
+        "ring-full drops vs kernel tx_dropped"
+    );
+    assert_eq!(
+        row.consumed, row.kernel.tx_packets,
+        "consumed vs kernel tx_packets"
+    );
     assert_eq!(
         row.xmit_calls,
         row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
         "every driver call ends enqueued, busy or dropped"
     );
-    assert_eq!(row.enqueued, row.consumed, "after the drain the ring is empty");
+    assert_eq!(
+        row.enqueued, row.consumed,
+        "after the drain the ring is empty"
+    );
     assert_eq!(row.busy, 0, "a stock tun never returns NETDEV_TX_BUSY");
     assert_eq!(row.dropped_other, 0, "{:?}", row.drop_reasons);
     match qdisc {

@@ -19,21 +19,31 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
     }
     let ns = common::quiet_netns("disc").unwrap();
     let tap = common::tap_in(&ns, "tpd0", RootQdisc::PfifoFast).unwrap();
-    let mut watcher =
-        Watcher::new(Filter { globs: vec!["tpd*".to_owned()], netns: Some(ns.name().to_owned()) })
-            .unwrap();
+    let mut watcher = Watcher::new(Filter {
+        globs: vec!["tpd*".to_owned()],
+        netns: Some(ns.name().to_owned()),
+    })
+    .unwrap();
     let report = watcher.refresh().unwrap();
     assert_eq!(report.rows.len(), 1, "{:?}", report.rows);
     let row = &report.rows[0];
     assert_eq!(row.ifname, "tpd0");
     assert_eq!(row.netns, ns.name());
     assert_eq!(row.kind, DeviceKind::Tap);
-    assert_eq!(row.owner.as_ref().map(|o| o.pid), Some(std::process::id()), "the test holds the tap open");
+    assert_eq!(
+        row.owner.as_ref().map(|o| o.pid),
+        Some(std::process::id()),
+        "the test holds the tap open"
+    );
     assert!(!row.retired);
 
     drop(tap);
     let report = watcher.refresh().unwrap();
-    assert_eq!(report.rows.len(), 1, "the vanished device is reported once more");
+    assert_eq!(
+        report.rows.len(),
+        1,
+        "the vanished device is reported once more"
+    );
     assert!(report.rows[0].retired);
     let report = watcher.refresh().unwrap();
     assert!(report.rows.is_empty(), "then it is gone: {:?}", report.rows);
@@ -47,11 +57,23 @@ fn json_lines_carry_every_field() {
     let ns = common::quiet_netns("json").unwrap();
     let _tap = common::tap_in(&ns, "tpj0", RootQdisc::Noqueue).unwrap();
     let out = Command::new(BIN)
-        .args(["watch", "--dev", "tpj0", "--netns", ns.name(), "--format", "json"])
+        .args([
+            "watch",
+            "--dev",
+            "tpj0",
+            "--netns",
+            ns.name(),
+            "--format",
+            "json",
+        ])
         .args(["--interval", "0.2", "--duration", "1"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -64,9 +86,22 @@ fn json_lines_carry_every_field() {
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
         for field in [
-            "ifname", "ifindex", "netns", "kind", "queue", "owner", "xmit_calls", "enqueued", "busy",
-            "dropped_full_ring", "dropped_other", "drop_reasons", "consumed", "queue_stops",
-            "queue_wakes", "stopped_ns",
+            "ifname",
+            "ifindex",
+            "netns",
+            "kind",
+            "queue",
+            "owner",
+            "xmit_calls",
+            "enqueued",
+            "busy",
+            "dropped_full_ring",
+            "dropped_other",
+            "drop_reasons",
+            "consumed",
+            "queue_stops",
+            "queue_wakes",
+            "stopped_ns",
         ] {
             assert!(row.get(field).is_some(), "missing {field} in {row}");
         }
@@ -91,7 +126,10 @@ fn unmatched_glob_is_an_error_that_lists_devices() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("no tun, tap, veth or macvtap device matches"), "{stderr}");
+    assert!(
+        stderr.contains("no tun, tap, veth or macvtap device matches"),
+        "{stderr}"
+    );
     assert!(stderr.contains("tpn0"), "lists what exists: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
@@ -104,7 +142,17 @@ fn sigterm_detaches_and_prints_a_summary() {
     let ns = common::quiet_netns("term").unwrap();
     let _tap = common::tap_in(&ns, "tpt0", RootQdisc::Noqueue).unwrap();
     let child = Command::new(BIN)
-        .args(["watch", "--dev", "tpt0", "--netns", ns.name(), "--format", "json", "--interval", "0.2"])
+        .args([
+            "watch",
+            "--dev",
+            "tpt0",
+            "--netns",
+            ns.name(),
+            "--format",
+            "json",
+            "--interval",
+            "0.2",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -113,7 +161,11 @@ fn sigterm_detaches_and_prints_a_summary() {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["final"], true);
@@ -125,6 +177,9 @@ fn sigterm_detaches_and_prints_a_summary() {
 fn attached_tracing_programs() -> usize {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .filter(|p| p.name_as_str().is_some_and(|n| n.starts_with("net_dev_start_x") || n == "qdisc_dequeue"))
+        .filter(|p| {
+            p.name_as_str()
+                .is_some_and(|n| n.starts_with("net_dev_start_x") || n == "qdisc_dequeue")
+        })
         .count()
 }

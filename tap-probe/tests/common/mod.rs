@@ -1,6 +1,9 @@
 //! Test hosts: each test builds its own network namespace and devices, removed by guards on
 //! drop (also when an assertion fails).
-#![allow(dead_code, reason = "each test binary uses its own subset of these helpers")]
+#![allow(
+    dead_code,
+    reason = "each test binary uses its own subset of these helpers"
+)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -22,7 +25,11 @@ pub fn skip_unless_root() -> bool {
 /// A namespace name no other test or run uses.
 pub fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("tp-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "tp-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A private namespace with IPv6 off, so the kernel sends nothing of its own (router
@@ -48,23 +55,4 @@ pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
         rtnl.set_up(tap.ifindex())?;
         Ok(tap)
     })
-}
-
-/// The sum of a device's queue rows (every row of `rows` must be the same device).
-pub fn device_total(rows: &[tap_probe::report::Row]) -> tap_probe::report::Row {
-    let mut total = rows.first().expect("at least one row").clone();
-    for r in &rows[1..] {
-        assert_eq!((&r.ifname, &r.netns), (&total.ifname, &total.netns), "rows of one device");
-        total.xmit_calls += r.xmit_calls;
-        total.enqueued += r.enqueued;
-        total.busy += r.busy;
-        total.dropped_full_ring += r.dropped_full_ring;
-        total.dropped_other += r.dropped_other;
-        total.consumed += r.consumed;
-        total.queue_stops += r.queue_stops;
-        total.queue_wakes += r.queue_wakes;
-        total.stopped_ns += r.stopped_ns;
-        total.stopped |= r.stopped;
-    }
-    total
 }

@@ -1,0 +1,193 @@
+//! `cargo xtask bench KIND`: benchmarks. A benchmark reports whether tap-probe meets its
+//! goals; it fails only when a run fails, never on a missed goal.
+//!
+//! Each kind is a module under `bench/` with its own `Args` and `run`; what they share
+//! (building, background processes with bounded waits, medians, JSON output) lives here.
+
+mod overhead;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::{cmd, setup};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    kind: BenchKind,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum BenchKind {
+    /// Throughput of `tap-probe load` with no probe, with `tap-probe watch`, and with an
+    /// equivalent bpftrace one-liner.
+    Overhead(overhead::Args),
+}
+
+/// Runs `cargo xtask bench`.
+///
+/// # Errors
+/// If setup, the build or any run fails.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    setup::run(&setup::Args {})?;
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
+    match &args.kind {
+        BenchKind::Overhead(args) => overhead::run(args),
+    }
+}
+
+/// The release build of tap-probe.
+fn tap_probe() -> Command {
+    cmd::new(cmd::target_dir().join("release/tap-probe"))
+}
+
+/// Default output path for a benchmark: `target/bench/NAME.json`.
+fn default_out(name: &str) -> PathBuf {
+    cmd::target_dir().join("bench").join(format!("{name}.json"))
+}
+
+/// Where a benchmark keeps each run's raw output: beside `out`, `<stem>-runs/`.
+fn runs_dir(out: &Path) -> anyhow::Result<PathBuf> {
+    let stem = out
+        .file_stem()
+        .map_or_else(|| "bench".into(), |s| s.to_string_lossy());
+    let dir = out.with_file_name(format!("{stem}-runs"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn create(path: &Path) -> anyhow::Result<File> {
+    File::create(path).with_context(|| format!("creating {}", path.display()))
+}
+
+/// Writes `value` as pretty JSON to `path`, creating its directory.
+fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The median of `values` (the mean of the middle two for an even count); NaN if empty.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => f64::midpoint(sorted[n / 2 - 1], sorted[n / 2]),
+    }
+}
+
+/// How long a process gets to exit after SIGINT before it is killed and the run fails.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
+
+/// A child process whose waits are bounded. Dropping it kills the process if it still
+/// runs, so an error anywhere leaves nothing behind.
+struct Proc {
+    shown: String,
+    child: Child,
+}
+
+impl Proc {
+    /// Echoes and starts `command` with stdin closed.
+    fn spawn(command: &mut Command) -> anyhow::Result<Self> {
+        cmd::echo(command);
+        let shown = cmd::display(command);
+        let child = command
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("could not run `{shown}`"))?;
+        Ok(Self { shown, child })
+    }
+
+    /// Whether it has exited, and how.
+    fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
+    /// Waits for it to exit by itself within `timeout` and checks it exited zero.
+    fn wait(mut self, timeout: Duration) -> anyhow::Result<()> {
+        if let Some(status) = self.wait_until(Instant::now() + timeout)? {
+            return self.check(status);
+        }
+        let _ = self.stop();
+        bail!("`{}` still ran after {} s", self.shown, timeout.as_secs())
+    }
+
+    /// Stops it with SIGINT, as Ctrl-C would, and checks it exited zero. If it has already
+    /// exited, that exit is checked.
+    fn interrupt(mut self) -> anyhow::Result<()> {
+        let status = self.stop()?;
+        self.check(status)
+    }
+
+    /// SIGINT unless it has exited already, then a bounded wait for its exit status.
+    fn stop(&mut self) -> anyhow::Result<ExitStatus> {
+        if let Some(status) = self.exited()? {
+            return Ok(status);
+        }
+        let pid = libc::pid_t::try_from(self.child.id()).context("pid out of range")?;
+        // SAFETY: kill(2) on our own child, which has not been reaped (try_wait saw it run).
+        if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("sending SIGINT to `{}`", self.shown));
+        }
+        self.wait_until(Instant::now() + INTERRUPT_GRACE)?
+            .with_context(|| {
+                format!(
+                    "`{}` did not exit within {} s of SIGINT",
+                    self.shown,
+                    INTERRUPT_GRACE.as_secs()
+                )
+            })
+    }
+
+    fn wait_until(&mut self, deadline: Instant) -> anyhow::Result<Option<ExitStatus>> {
+        loop {
+            if let Some(status) = self.exited()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn check(&self, status: ExitStatus) -> anyhow::Result<()> {
+        if status.success() {
+            Ok(())
+        } else {
+            bail!("`{}` failed ({status})", self.shown)
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert!((median(&[3.0, 1.0, 2.0]) - 2.0).abs() < f64::EPSILON);
+        assert!((median(&[4.0, 1.0, 3.0, 2.0]) - 2.5).abs() < f64::EPSILON);
+        assert!(median(&[]).is_nan());
+    }
+}

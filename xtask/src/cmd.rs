@@ -1,0 +1,156 @@
+//! Running commands: every command is echoed to stderr before it runs, runs from the
+//! workspace root, and a non-zero exit becomes an error that names it.
+
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+
+use anyhow::{Context as _, bail};
+
+/// The workspace root (the parent of `xtask/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` if set (relative to where cargo was run,
+/// as cargo reads it), else `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => std::env::current_dir()
+            .unwrap_or_else(|_| workspace_root())
+            .join(dir),
+        _ => workspace_root().join("target"),
+    }
+}
+
+/// A command that runs from the workspace root with cargo's bin directory on `PATH`:
+/// `cargo install` puts bpf-linker there, aya-build looks it up on `PATH`, and CI's `PATH`
+/// may lack it.
+pub fn new(program: impl AsRef<OsStr>) -> Command {
+    let mut command = Command::new(program);
+    command.current_dir(workspace_root());
+    if let Some(path) = path_with_cargo_bin() {
+        command.env("PATH", path);
+    }
+    command
+}
+
+fn path_with_cargo_bin() -> Option<OsString> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cargo")))?;
+    let bin = cargo_home.join("bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|dir| dir == bin) {
+        return None;
+    }
+    std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path))).ok()
+}
+
+/// `cargo` with the toolchain that runs xtask (rustup's proxy picks it up from `PATH`).
+pub fn cargo() -> Command {
+    new("cargo")
+}
+
+/// Runs `command` to completion with inherited stdio.
+///
+/// # Errors
+/// If it cannot be started or exits non-zero.
+pub fn run(command: &mut Command) -> anyhow::Result<()> {
+    let status = status(command)?;
+    check(command, status)
+}
+
+/// Runs `command` to completion with inherited stdio and returns its exit status.
+///
+/// # Errors
+/// If it cannot be started.
+pub fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
+    echo(command);
+    command
+        .status()
+        .with_context(|| format!("could not run `{}`", display(command)))
+}
+
+/// Runs `command` quietly and returns its stdout if it ran and exited zero. For probing
+/// the machine (is X installed?), where failure is an answer, not an error.
+pub fn probe(command: &mut Command) -> Option<String> {
+    let output = command
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Turns a non-zero exit of `command` into an error naming it.
+///
+/// # Errors
+/// If `status` is not success.
+pub fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
+    if status.success() {
+        Ok(())
+    } else {
+        bail!("`{}` failed ({status})", display(command))
+    }
+}
+
+/// Prints `$ command` to stderr.
+pub fn echo(command: &Command) {
+    eprintln!("$ {}", display(command));
+}
+
+/// The command as a shell would read it, with the environment it sets (except `PATH`).
+pub fn display(command: &Command) -> String {
+    let envs = command.get_envs().filter_map(|(key, value)| {
+        let value = value?;
+        (key != "PATH").then(|| format!("{}={}", key.to_string_lossy(), quote(value)))
+    });
+    let words = std::iter::once(quote(command.get_program())).chain(command.get_args().map(quote));
+    envs.chain(words).collect::<Vec<_>>().join(" ")
+}
+
+fn quote(word: &OsStr) -> String {
+    let word = word.to_string_lossy();
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if plain {
+        word.into_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_quotes_what_a_shell_would_split() {
+        let mut command = Command::new("bpftrace");
+        command.env("DEBIAN_FRONTEND", "noninteractive").args([
+            "-e",
+            "tracepoint:a:b { @[probe] = count(); }",
+            "it's",
+        ]);
+        assert_eq!(
+            display(&command),
+            "DEBIAN_FRONTEND=noninteractive bpftrace -e \
+             'tracepoint:a:b { @[probe] = count(); }' 'it'\\''s'"
+        );
+    }
+}
