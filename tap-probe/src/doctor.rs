@@ -438,7 +438,10 @@ fn error_text(err: &(dyn std::error::Error + 'static)) -> String {
         }
         source = cause.source();
     }
-    text
+    // aya appends the verifier log even when the kernel wrote none.
+    text.trim_end()
+        .trim_end_matches(" Verifier output:")
+        .to_owned()
 }
 
 /// Loads the object, then loads and attaches `kind`'s program, then detaches and unloads it.
