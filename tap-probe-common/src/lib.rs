@@ -97,6 +97,7 @@ pub struct DropKey {
 pub struct InFlight {
     pub skb: u64,
     pub dev: u64,
+    pub key: DeviceKey,
     pub slot: u32,
     pub queue: u16,
     /// Set once `kfree_skb` saw this skb freed inside the driver.

@@ -7,17 +7,18 @@
 #![no_main]
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, fentry, kprobe, map, raw_tracepoint, tracepoint, xdp},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{
         BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, TracePointContext,
         XdpContext,
     },
 };
 use tap_probe_common::{
-    DROP_REASON_XMIT_ERROR, DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, MAX_DEVICES,
-    MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_READER_RANGES, QueueCounters,
+    DROP_REASON_XMIT_ERROR, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES, EventKind, InFlight,
+    KernelFacts, MAX_DEVICES, MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_READER_RANGES, QueueCounters,
+    TraceEvent,
 };
 
 /// Filled in by the loader before load (it lands in `.rodata`); read field by field with
@@ -53,22 +54,46 @@ static QUEUE_STATE: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
 #[map]
 static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
 
+/// 1 when `tap-probe record` wants per-packet events; set by the loader.
+#[unsafe(no_mangle)]
+static RECORD_EVENTS: u32 = 0;
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+/// Events that found `EVENTS` full, per CPU: counted, never silent.
+#[map]
+static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 fn read<T>(base: u64, offset: u32) -> Option<T> {
     // SAFETY: bpf_probe_read_kernel tolerates any address and reports a fault as an error.
     unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T).ok() }
 }
 
-/// The counter slot of `queue` on the net_device at `dev`, if that device is tracked.
+/// Where an event happened: the device, its queue, and that queue's counter slot.
+#[derive(Clone, Copy)]
+struct At {
+    key: DeviceKey,
+    slot: u32,
+    queue: u16,
+}
+
+/// Where `queue` of the net_device at `dev` is counted, if that device is tracked.
 #[inline(always)]
-fn queue_slot(dev: u64, queue: u32) -> Option<u32> {
+fn locate(dev: u64, queue: u16) -> Option<At> {
     let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
     let net: u64 = read(dev, fact!(dev_net))?;
     let netns: u32 = read(net, fact!(net_inum))?;
+    let key = DeviceKey { netns, ifindex };
     // SAFETY: the value is copied out before any other map operation.
-    let slot = unsafe { DEVICES.get(&DeviceKey { netns, ifindex }) }?;
+    let slot = unsafe { DEVICES.get(&key) }?;
     // The loader sizes each device by its num_tx_queues, which bounds queue_mapping.
-    (queue < slot.queues).then_some(slot.base + queue)
+    (u32::from(queue) < slot.queues).then_some(At {
+        key,
+        slot: slot.base + u32::from(queue),
+        queue,
+    })
 }
 
 #[inline(always)]
@@ -78,14 +103,38 @@ fn counters(slot: u32) -> Option<&'static mut QueueCounters> {
     COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
 }
 
-/// Compares the DRV_XOFF bit of the queue at `txq` with what was last seen for `slot` and
+/// Emits a per-packet event when recording.
+#[inline(always)]
+fn record(at: At, kind: EventKind, reason: u32) {
+    if unsafe { core::ptr::read_volatile(&raw const RECORD_EVENTS) } == 0 {
+        return;
+    }
+    let event = TraceEvent {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        netns: at.key.netns,
+        ifindex: at.key.ifindex,
+        queue: at.queue,
+        cpu: unsafe { bpf_get_smp_processor_id() } as u16,
+        kind: kind as u32,
+        reason,
+        reserved: 0,
+    };
+    if EVENTS.output::<TraceEvent>(&event, 0).is_err()
+        && let Some(lost) = EVENTS_LOST.get_ptr_mut(0)
+    {
+        // SAFETY: per-CPU.
+        unsafe { *lost += 1 };
+    }
+}
+
+/// Compares the DRV_XOFF bit of the queue at `txq` with what was last seen for it and
 /// counts the transition, if any.
 #[inline(always)]
-fn observe_queue(txq: u64, slot: u32) {
+fn observe_queue(txq: u64, at: At) {
     let Some(state) = read::<u64>(txq, fact!(txq_state)) else {
         return;
     };
-    let Some(seen) = QUEUE_STATE.get_ptr_mut(slot) else {
+    let Some(seen) = QUEUE_STATE.get_ptr_mut(at.slot) else {
         return;
     };
     let stopped = state & u64::from(fact!(drv_xoff_mask)) != 0;
@@ -94,20 +143,22 @@ fn observe_queue(txq: u64, slot: u32) {
     if stopped == (since != 0) {
         return;
     }
-    let Some(c) = counters(slot) else { return };
+    let Some(c) = counters(at.slot) else { return };
     let now = unsafe { bpf_ktime_get_ns() };
     if stopped {
         unsafe { *seen = now | 1 };
         c.queue_stops += 1;
+        record(at, EventKind::QueueStop, 0);
     } else {
         unsafe { *seen = 0 };
         c.queue_wakes += 1;
         c.stopped_ns += now.saturating_sub(since & !1);
+        record(at, EventKind::QueueWake, 0);
     }
 }
 
 #[inline(always)]
-fn txq_of(dev: u64, queue: u32) -> Option<u64> {
+fn txq_of(dev: u64, queue: u16) -> Option<u64> {
     let tx: u64 = read(dev, fact!(dev_tx))?;
     Some(tx + u64::from(queue) * u64::from(fact!(txq_size)))
 }
@@ -120,7 +171,7 @@ pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
     let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
         return 0;
     };
-    let Some(slot) = queue_slot(dev, u32::from(queue)) else {
+    let Some(at) = locate(dev, queue) else {
         return 0;
     };
     if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
@@ -129,7 +180,8 @@ pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
             *f = InFlight {
                 skb,
                 dev,
-                slot,
+                key: at.key,
+                slot: at.slot,
                 queue,
                 dropped: 0,
             };
@@ -153,13 +205,21 @@ pub fn kfree_skb(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     f.dropped = 1;
-    let slot = f.slot;
-    let Some(c) = counters(slot) else { return 0 };
+    let at = At {
+        key: f.key,
+        slot: f.slot,
+        queue: f.queue,
+    };
+    let Some(c) = counters(at.slot) else {
+        return 0;
+    };
     if reason == u64::from(fact!(reason_full_ring)) {
         c.dropped_full_ring += 1;
+        record(at, EventKind::DroppedFullRing, 0);
     } else {
         c.dropped_other += 1;
-        count_reason(slot, reason as u32);
+        count_reason(at.slot, reason as u32);
+        record(at, EventKind::DroppedOther, reason as u32);
     }
     0
 }
@@ -191,28 +251,36 @@ pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
     }
     let InFlight {
         dev,
+        key,
         slot,
         queue,
         dropped,
         ..
     } = *f;
     f.skb = 0;
-    let Some(c) = counters(slot) else { return 0 };
+    let at = At { key, slot, queue };
+    let Some(c) = counters(slot) else {
+        return 0;
+    };
     c.xmit_calls += 1;
-    // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, or a negative errno some drivers pass up.
+    // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, a NET_XMIT_* code (tun answers a drop
+    // with NET_XMIT_DROP), or a negative errno some drivers pass up.
     let rc = rc as u32;
     if rc == fact!(tx_busy) {
         c.busy += 1;
+        record(at, EventKind::Busy, 0);
     } else if dropped == 0 {
         if rc == 0 {
             c.enqueued += 1;
+            record(at, EventKind::Enqueued, 0);
         } else {
             c.dropped_other += 1;
             count_reason(slot, DROP_REASON_XMIT_ERROR);
+            record(at, EventKind::DroppedOther, DROP_REASON_XMIT_ERROR);
         }
     }
-    if let Some(txq) = txq_of(dev, u32::from(queue)) {
-        observe_queue(txq, slot);
+    if let Some(txq) = txq_of(dev, queue) {
+        observe_queue(txq, at);
     }
     0
 }
@@ -233,11 +301,12 @@ pub fn consume_skb(ctx: RawTracePointContext) -> i32 {
     let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
         return 0;
     };
-    let Some(slot) = queue_slot(dev, u32::from(queue)) else {
+    let Some(at) = locate(dev, queue) else {
         return 0;
     };
-    if let Some(c) = counters(slot) {
+    if let Some(c) = counters(at.slot) {
         c.consumed += 1;
+        record(at, EventKind::Consumed, 0);
     }
     0
 }
@@ -272,12 +341,11 @@ pub fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
     if size == 0 || txq < tx {
         return 0;
     }
-    let queue = (txq - tx) / size;
-    if queue > u64::from(u16::MAX) {
+    let Ok(queue) = u16::try_from((txq - tx) / size) else {
         return 0;
-    }
-    if let Some(slot) = queue_slot(dev, queue as u32) {
-        observe_queue(txq, slot);
+    };
+    if let Some(at) = locate(dev, queue) {
+        observe_queue(txq, at);
     }
     0
 }

@@ -9,13 +9,16 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues},
+    maps::{
+        Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
+    },
     programs::RawTracePoint,
 };
 use tap_probe_common::{
-    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, KernelFacts, MAP_COUNTERS, MAP_DEVICES,
-    MAP_DROP_REASONS, MAP_QUEUE_STATE, MAX_QUEUE_SLOTS, PROG_CONSUME_SKB, PROG_KFREE_SKB,
-    PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_XMIT, QueueCounters,
+    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, KernelFacts, MAP_COUNTERS,
+    MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_QUEUE_STATE, MAX_QUEUE_SLOTS,
+    PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_XMIT,
+    QueueCounters,
 };
 
 /// Attach order: the programs that close a driver call go first, so no `net_dev_start_xmit`
@@ -77,6 +80,19 @@ impl Probe {
     /// # Errors
     /// When the kernel refuses to load or attach a program; nothing stays attached then.
     pub fn attach(facts: &KernelFacts) -> anyhow::Result<Self> {
+        Self::attach_with(facts, false)
+    }
+
+    /// As [`Probe::attach`], and the programs also emit per-packet [`TraceEvent`]s into
+    /// the ring buffer that [`Probe::take_events`] hands out (`TraceEvent`s).
+    ///
+    /// # Errors
+    /// As [`Probe::attach`].
+    pub fn attach_recording(facts: &KernelFacts) -> anyhow::Result<Self> {
+        Self::attach_with(facts, true)
+    }
+
+    fn attach_with(facts: &KernelFacts, record: bool) -> anyhow::Result<Self> {
         crate::privileges::raise_memlock();
         let object = crate::ebpf_object();
         if object.is_empty() {
@@ -84,6 +100,7 @@ impl Probe {
         }
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_KERNEL, facts, true)
+            .override_global(GLOBAL_RECORD_EVENTS, &u32::from(record), true)
             .load(object)
             .context("loading the eBPF object")?;
         for (name, tracepoint) in PROGRAMS {
@@ -232,6 +249,27 @@ impl Probe {
             }
         }
         Ok(out)
+    }
+
+    /// The ring buffer of per-packet events (once; it moves out of the probe).
+    ///
+    /// # Errors
+    /// When it was taken already.
+    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(MAP_EVENTS)
+            .ok_or_else(|| anyhow!("the event ring buffer was taken already"))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Events the programs could not write because the ring buffer was full.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub fn events_lost(&self) -> anyhow::Result<u64> {
+        let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_EVENTS_LOST)?)?;
+        Ok(lost.get(&0, 0)?.iter().sum())
     }
 
     fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {

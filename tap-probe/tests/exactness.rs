@@ -11,7 +11,7 @@ use tap_probe::netns::run_in;
 use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
 use tap_probe::watch::Watcher;
 
-/// Frames sent; the tap's ring holds 500 (tun's default tx_queue_len), the reader takes a few
+/// Frames sent; the tap's ring holds 500 (tun's default `tx_queue_len`), the reader takes a few
 /// thousand per second, so most of these are tail-dropped on this stock kernel.
 const FRAMES: u64 = 20_000;
 
