@@ -87,7 +87,7 @@ fn locate(dev: u64, queue: u16) -> Option<At> {
     let netns: u32 = read(net, fact!(net_inum))?;
     let key = DeviceKey { netns, ifindex };
     // SAFETY: the value is copied out before any other map operation.
-    let slot = unsafe { DEVICES.get(&key) }?;
+    let slot = unsafe { DEVICES.get(key) }?;
     // The loader sizes each device by its num_tx_queues, which bounds queue_mapping.
     (u32::from(queue) < slot.queues).then_some(At {
         key,
@@ -227,11 +227,11 @@ pub fn kfree_skb(ctx: RawTracePointContext) -> i32 {
 #[inline(always)]
 fn count_reason(slot: u32, reason: u32) {
     let key = DropKey { slot, reason };
-    match DROP_REASONS.get_ptr_mut(&key) {
+    match DROP_REASONS.get_ptr_mut(key) {
         // SAFETY: per-CPU value.
         Some(n) => unsafe { *n += 1 },
         None => {
-            let _ = DROP_REASONS.insert(&key, &1, 0);
+            let _ = DROP_REASONS.insert(key, 1, 0);
         }
     }
 }

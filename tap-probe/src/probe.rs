@@ -38,6 +38,15 @@ const PROGRAMS: [(&str, &str); 5] = [
 pub fn kernel_facts() -> anyhow::Result<KernelFacts> {
     let btf = crate::btf::load_vmlinux()?;
     let mut facts = crate::btf::kernel_facts(&btf)?;
+    // consume_skb gained its `location` argument in Linux 6.3; without it a reader's take
+    // cannot be told from any other free.
+    let consume = crate::btf::tracepoint_args(&btf, PROG_CONSUME_SKB.1)?;
+    if consume.len() < 2 {
+        bail!(
+            "this kernel's consume_skb tracepoint has no location argument (added in Linux \
+             6.3), so the tracepoint backend cannot count packets consumed by tap readers"
+        );
+    }
     let ranges = crate::kallsyms::reader_ranges()?;
     if ranges.is_empty() {
         bail!(
