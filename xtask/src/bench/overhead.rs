@@ -22,7 +22,7 @@ use super::{Proc, create, default_out, median, runs_dir, tap_probe, write_json};
 
 /// Seconds the load waits before sending, so that `tap-probe watch` (which polls for new
 /// namespaces every interval) has found the load's tap by then.
-const START_DELAY_S: u32 = 1;
+const START_DELAY_S: u32 = 2;
 
 /// The namespaces `tap-probe load` creates.
 const LOAD_NETNS_GLOB: &str = "tap-probe-load-*";
@@ -199,6 +199,9 @@ fn run_once(round: u32, variant: Variant, duration: u32, dir: &Path) -> anyhow::
         observer.stop()?;
     }
     let report = read_report(&report_path)?;
+    if variant == Variant::TapProbe {
+        check_watch_counted(&dir.join(format!("{tag}-watch.jsonl")), &report)?;
+    }
     let delivered_pps = report
         .get(THROUGHPUT_FIELD)
         .and_then(Value::as_f64)
@@ -286,6 +289,33 @@ impl Observer {
         }
         Ok(())
     }
+}
+
+/// A probe that counted nothing would make variant B look free: the watch must have seen
+/// every packet the load handed to the stack as a driver call on the load's tap.
+fn check_watch_counted(watch_out: &Path, report: &Value) -> anyhow::Result<()> {
+    let sent = report
+        .get("sent")
+        .and_then(Value::as_u64)
+        .context("the load report has no `sent` count")?;
+    let text = std::fs::read_to_string(watch_out)
+        .with_context(|| format!("reading {}", watch_out.display()))?;
+    let counted = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .flat_map(|line| line["rows"].as_array().cloned().unwrap_or_default())
+        .filter(|row| row["ifname"] == "tp-load0")
+        .filter_map(|row| row["xmit_calls"].as_u64())
+        .max()
+        .unwrap_or(0);
+    if counted != sent {
+        bail!(
+            "tap-probe watch counted {counted} driver calls on the load's tap, the load sent \
+             {sent}: the probe did not watch the whole run ({})",
+            watch_out.display()
+        );
+    }
+    Ok(())
 }
 
 /// The load's JSON report: the whole of its stdout, or else its last line that parses as
