@@ -223,3 +223,8 @@ pub struct TraceEvent {
     pub reason: u32,
     pub reserved: u32,
 }
+
+/// The kprobe backend's programs.
+pub const PROG_XMIT_ENTRY: &str = "xmit_entry";
+pub const PROG_XMIT_RETURN: &str = "xmit_return";
+pub const PROG_CONSUME_ENTRY: &str = "consume_entry";

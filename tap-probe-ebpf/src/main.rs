@@ -8,11 +8,11 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, fentry, kprobe, map, raw_tracepoint, tracepoint, xdp},
+    macros::{btf_tracepoint, fentry, kprobe, kretprobe, map, raw_tracepoint, tracepoint, xdp},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{
-        BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, TracePointContext,
-        XdpContext,
+        BtfTracePointContext, FEntryContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        TracePointContext, XdpContext,
     },
 };
 use tap_probe_common::{
@@ -163,16 +163,14 @@ fn txq_of(dev: u64, queue: u16) -> Option<u64> {
     Some(tx + u64::from(queue) * u64::from(fact!(txq_size)))
 }
 
-/// `net_dev_start_xmit(skb, dev)`: a driver call begins; remember it for this CPU.
-#[raw_tracepoint(tracepoint = "net_dev_start_xmit")]
-pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
-    let skb: u64 = ctx.arg(0);
-    let dev: u64 = ctx.arg(1);
+/// A driver call begins: remember it for this CPU.
+#[inline(always)]
+fn xmit_begin(skb: u64, dev: u64) {
     let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
-        return 0;
+        return;
     };
     let Some(at) = locate(dev, queue) else {
-        return 0;
+        return;
     };
     if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
         // SAFETY: per-CPU, and the transmit path runs with bottom halves disabled.
@@ -187,6 +185,22 @@ pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
             };
         }
     }
+}
+
+/// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
+#[raw_tracepoint(tracepoint = "net_dev_start_xmit")]
+pub fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
+    xmit_begin(ctx.arg(0), ctx.arg(1));
+    0
+}
+
+/// The kprobe source of a driver call's start: `tun_net_xmit(skb, dev)`, `veth_xmit(skb,
+/// dev)` (every `ndo_start_xmit` has that signature).
+#[kprobe]
+pub fn xmit_entry(ctx: ProbeContext) -> u32 {
+    if let (Some(skb), Some(dev)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) {
+        xmit_begin(skb, dev);
+    }
     0
 }
 
@@ -199,7 +213,7 @@ pub fn kfree_skb(ctx: RawTracePointContext) -> i32 {
     let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: per-CPU; see net_dev_start_xmit.
+    // SAFETY: per-CPU; see xmit_begin.
     let f = unsafe { &mut *f };
     if f.skb != skb || skb == 0 {
         return 0;
@@ -236,18 +250,17 @@ fn count_reason(slot: u32, reason: u32) {
     }
 }
 
-/// `net_dev_xmit(skb, rc, dev, skb_len)`: the driver returned.
-#[raw_tracepoint(tracepoint = "net_dev_xmit")]
-pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
-    let skb: u64 = ctx.arg(0);
-    let rc: u64 = ctx.arg(1);
+/// The driver returned `rc` for the call in flight on this CPU. `skb` is checked against it
+/// when the source knows it (a return probe does not).
+#[inline(always)]
+fn xmit_end(skb: Option<u64>, rc: u64) {
     let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
-        return 0;
+        return;
     };
-    // SAFETY: per-CPU; see net_dev_start_xmit.
+    // SAFETY: per-CPU; see xmit_begin.
     let f = unsafe { &mut *f };
-    if f.skb != skb || skb == 0 {
-        return 0;
+    if f.skb == 0 || skb.is_some_and(|skb| skb != f.skb) {
+        return;
     }
     let InFlight {
         dev,
@@ -260,7 +273,7 @@ pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
     f.skb = 0;
     let at = At { key, slot, queue };
     let Some(c) = counters(slot) else {
-        return 0;
+        return;
     };
     c.xmit_calls += 1;
     // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, a NET_XMIT_* code (tun answers a drop
@@ -282,31 +295,66 @@ pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
     if let Some(txq) = txq_of(dev, queue) {
         observe_queue(txq, at);
     }
+}
+
+/// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.
+#[raw_tracepoint(tracepoint = "net_dev_xmit")]
+pub fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
+    xmit_end(Some(ctx.arg(0)), ctx.arg(1));
     0
 }
 
-/// `consume_skb(skb, location)`: freed after use; it is the reader's take when freed from
-/// the tun/tap read path (tun_do_read: tun_put_user, then consume_skb), which is also where
-/// tun counts `tx_packets`.
-#[raw_tracepoint(tracepoint = "consume_skb")]
-pub fn consume_skb(ctx: RawTracePointContext) -> i32 {
-    let location: u64 = ctx.arg(1);
+/// The kprobe source of a driver call's end: the return of the function `xmit_entry`
+/// probes. Entry and return run on one CPU with bottom halves disabled, and no driver's
+/// transmit nests into another's, so the call in flight is this one.
+#[kretprobe]
+pub fn xmit_return(ctx: RetProbeContext) -> u32 {
+    xmit_end(None, ctx.ret::<u64>());
+    0
+}
+
+/// A free of `skb` called from `location`: the reader's take when freed from the tun/tap
+/// read path (tun_do_read: tun_put_user, then consume_skb), which is also where tun counts
+/// `tx_packets`.
+#[inline(always)]
+fn freed_after_use(skb: u64, location: u64) {
     if !in_reader(location) {
-        return 0;
+        return;
     }
-    let skb: u64 = ctx.arg(0);
     let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
-        return 0;
+        return;
     };
     let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
-        return 0;
+        return;
     };
     let Some(at) = locate(dev, queue) else {
-        return 0;
+        return;
     };
     if let Some(c) = counters(at.slot) {
         c.consumed += 1;
         record(at, EventKind::Consumed, 0);
+    }
+}
+
+/// `consume_skb(skb, location)`: the tracepoint source of reader takes (Linux >= 6.3, where
+/// the tracepoint carries its caller's address).
+#[raw_tracepoint(tracepoint = "consume_skb")]
+pub fn consume_skb(ctx: RawTracePointContext) -> i32 {
+    freed_after_use(ctx.arg(0), ctx.arg(1));
+    0
+}
+
+/// The kprobe source of reader takes, on any kernel: at the entry of `consume_skb(skb)`
+/// the return address, i.e. the caller's location, is the word at the stack pointer.
+#[kprobe]
+pub fn consume_entry(ctx: ProbeContext) -> u32 {
+    let Some(skb) = ctx.arg::<u64>(0) else {
+        return 0;
+    };
+    // SAFETY: regs points at the probed context's saved registers.
+    let sp = unsafe { (*ctx.regs).rsp };
+    if let Some(location) = read::<u64>(sp, 0) {
+        freed_after_use(skb, location);
     }
     0
 }

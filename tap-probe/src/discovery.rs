@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow};
-use globset::{Glob, GlobSet, GlobSetBuilder};
+use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
 use tap_probe_common::DeviceKey;
 
 use crate::netlink::{Link, LinkStats, Rtnl, TunKind};
@@ -93,6 +93,7 @@ pub struct Filter {
 pub struct Discovery {
     filter: Filter,
     globs: Option<GlobSet>,
+    netns: Option<GlobMatcher>,
     sockets: HashMap<u32, Rtnl>,
 }
 
@@ -110,9 +111,19 @@ impl Discovery {
             }
             Some(builder.build().context("cannot compile the device globs")?)
         };
+        let netns = filter
+            .netns
+            .as_deref()
+            .map(|ns| {
+                Glob::new(ns)
+                    .map(|g| g.compile_matcher())
+                    .with_context(|| format!("invalid namespace glob {ns:?}"))
+            })
+            .transpose()?;
         Ok(Self {
             filter,
             globs,
+            netns,
             sockets: HashMap::new(),
         })
     }
@@ -176,10 +187,9 @@ impl Discovery {
     }
 
     fn matches(&self, device: &Device) -> bool {
-        self.filter
-            .netns
+        self.netns
             .as_ref()
-            .is_none_or(|ns| *ns == device.netns)
+            .is_none_or(|ns| ns.is_match(&device.netns))
             && self
                 .globs
                 .as_ref()
@@ -366,6 +376,23 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn netns_filter_is_a_glob() {
+        let d = Discovery::new(Filter {
+            globs: Vec::new(),
+            netns: Some("ns*".into()),
+        })
+        .unwrap();
+        assert!(d.matches(&device("tap0", 1, DeviceKind::Tap)));
+        assert!(d.matches(&device("tap0", 22, DeviceKind::Tap)));
+        let d = Discovery::new(Filter {
+            globs: Vec::new(),
+            netns: Some("ns2".into()),
+        })
+        .unwrap();
+        assert!(!d.matches(&device("tap0", 1, DeviceKind::Tap)));
     }
 }
 

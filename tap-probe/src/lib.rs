@@ -1,5 +1,6 @@
 //! tap-probe: counts what happens to packets on the transmit path of tun/tap devices.
 
+pub mod backend;
 pub mod btf;
 pub mod cli;
 pub mod demo;
@@ -11,10 +12,14 @@ pub mod netlink;
 pub mod netns;
 pub mod privileges;
 pub mod probe;
+pub mod record;
 pub mod render;
+pub mod replay;
+pub mod replay_cmd;
 pub mod report;
 pub mod slow_consumer;
 pub mod tap;
+pub mod trace_file;
 pub mod traffic;
 pub mod watch;
 

@@ -12,24 +12,14 @@ use aya::{
     maps::{
         Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
     },
-    programs::RawTracePoint,
 };
+
+use crate::backend::{Backend, Sources};
 use tap_probe_common::{
     DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, KernelFacts, MAP_COUNTERS,
     MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_QUEUE_STATE, MAX_QUEUE_SLOTS,
-    PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_XMIT,
-    QueueCounters,
+    PROG_CONSUME_SKB, QueueCounters,
 };
-
-/// Attach order: the programs that close a driver call go first, so no `net_dev_start_xmit`
-/// is ever recorded without its `net_dev_xmit` being watched.
-const PROGRAMS: [(&str, &str); 5] = [
-    PROG_XMIT,
-    PROG_KFREE_SKB,
-    PROG_CONSUME_SKB,
-    PROG_QDISC_DEQUEUE,
-    PROG_START_XMIT,
-];
 
 /// The kernel facts the programs need, from BTF and kallsyms.
 ///
@@ -38,15 +28,6 @@ const PROGRAMS: [(&str, &str); 5] = [
 pub fn kernel_facts() -> anyhow::Result<KernelFacts> {
     let btf = crate::btf::load_vmlinux()?;
     let mut facts = crate::btf::kernel_facts(&btf)?;
-    // consume_skb gained its `location` argument in Linux 6.3; without it a reader's take
-    // cannot be told from any other free.
-    let consume = crate::btf::tracepoint_args(&btf, PROG_CONSUME_SKB.1)?;
-    if consume.len() < 2 {
-        bail!(
-            "this kernel's consume_skb tracepoint has no location argument (added in Linux \
-             6.3), so the tracepoint backend cannot count packets consumed by tap readers"
-        );
-    }
     let ranges = crate::kallsyms::reader_ranges()?;
     if ranges.is_empty() {
         bail!(
@@ -59,6 +40,16 @@ pub fn kernel_facts() -> anyhow::Result<KernelFacts> {
     }
     facts.reader_range_count = u32::try_from(ranges.len().min(facts.reader_ranges.len()))?;
     Ok(facts)
+}
+
+/// Whether the `consume_skb` tracepoint carries its caller's address (Linux 6.3+); without
+/// it a reader's take cannot be told from any other free at that tracepoint.
+///
+/// # Errors
+/// When BTF cannot be read.
+pub fn consume_has_location() -> anyhow::Result<bool> {
+    let btf = crate::btf::load_vmlinux()?;
+    Ok(crate::btf::tracepoint_args(&btf, PROG_CONSUME_SKB.1)?.len() >= 2)
 }
 
 /// Counters of one device, summed over CPUs.
@@ -75,6 +66,7 @@ pub struct DeviceCounters {
 
 pub struct Probe {
     ebpf: Ebpf,
+    sources: Sources,
     cpus: usize,
     tracked: HashMap<DeviceKey, DeviceSlot>,
     /// Free slot ranges `(base, len)`, usable now.
@@ -89,7 +81,7 @@ impl Probe {
     /// # Errors
     /// When the kernel refuses to load or attach a program; nothing stays attached then.
     pub fn attach(facts: &KernelFacts) -> anyhow::Result<Self> {
-        Self::attach_with(facts, false)
+        Self::attach_backend(facts, Backend::Auto, false)
     }
 
     /// As [`Probe::attach`], and the programs also emit per-packet [`TraceEvent`]s into
@@ -98,10 +90,19 @@ impl Probe {
     /// # Errors
     /// As [`Probe::attach`].
     pub fn attach_recording(facts: &KernelFacts) -> anyhow::Result<Self> {
-        Self::attach_with(facts, true)
+        Self::attach_backend(facts, Backend::Auto, true)
     }
 
-    fn attach_with(facts: &KernelFacts, record: bool) -> anyhow::Result<Self> {
+    /// Loads the object and attaches the sources `backend` calls for (see
+    /// [`crate::backend`]); `record` turns on per-packet events.
+    ///
+    /// # Errors
+    /// As [`Probe::attach`], and when a forced backend is not available here.
+    pub fn attach_backend(
+        facts: &KernelFacts,
+        backend: Backend,
+        record: bool,
+    ) -> anyhow::Result<Self> {
         crate::privileges::raise_memlock();
         let object = crate::ebpf_object();
         if object.is_empty() {
@@ -112,26 +113,22 @@ impl Probe {
             .override_global(GLOBAL_RECORD_EVENTS, &u32::from(record), true)
             .load(object)
             .context("loading the eBPF object")?;
-        for (name, tracepoint) in PROGRAMS {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(name)
-                .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
-                .try_into()?;
-            program
-                .load()
-                .with_context(|| format!("loading {name} (raw tracepoint)"))?;
-            program
-                .attach(tracepoint)
-                .with_context(|| format!("attaching to raw tracepoint {tracepoint}"))?;
-        }
+        let sources = crate::backend::attach(&mut ebpf, backend, consume_has_location()?)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,
+            sources,
             cpus,
             tracked: HashMap::new(),
             free: vec![(0, MAX_QUEUE_SLOTS)],
             cooling: Vec::new(),
         })
+    }
+
+    /// What feeds each counter.
+    #[must_use]
+    pub fn sources(&self) -> &Sources {
+        &self.sources
     }
 
     #[must_use]

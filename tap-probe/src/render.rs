@@ -206,8 +206,8 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
     }
     let _ = writeln!(
         out,
-        "{:.1} s since attach; STOPPED * = stopped now",
-        report.elapsed_s
+        "{:.1} s since attach; STOPPED * = stopped now\nsources: {}",
+        report.elapsed_s, report.sources
     );
     out
 }

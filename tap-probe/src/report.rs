@@ -128,5 +128,7 @@ pub fn device_rows(
 pub struct Report {
     /// Seconds since tap-probe attached.
     pub elapsed_s: f64,
+    /// Which kernel hooks feed the counters.
+    pub sources: crate::backend::Sources,
     pub rows: Vec<Row>,
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use tap_probe_common::DeviceKey;
 
+use crate::backend::Backend;
 use crate::discovery::{Device, Discovery, Filter};
 use crate::probe::Probe;
 use crate::render::{self, Format};
@@ -33,6 +34,10 @@ pub struct Args {
     /// Start even if no device matches yet, and pick devices up as they appear.
     #[arg(long)]
     pub wait: bool,
+    /// Which kernel hooks feed the counters; `auto` picks the best that works, counter by
+    /// counter (`tap-probe doctor` shows what this kernel allows).
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -65,7 +70,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
         // held until the loop below and still ends in a clean detach.
         let mut stop = Stop::install()?;
-        let mut watcher = Watcher::new(filter)?;
+        let mut watcher = Watcher::with_backend(filter, args.backend)?;
+        log::info!("sources: {}", watcher.sources());
         let first = watcher.refresh()?;
         if first.rows.is_empty() && !args.wait {
             bail!("{}", watcher.nothing_matches()?);
@@ -154,11 +160,19 @@ impl Watcher {
     /// # Errors
     /// When kernel facts cannot be read or the programs cannot be attached.
     pub fn new(filter: Filter) -> anyhow::Result<Self> {
+        Self::with_backend(filter, Backend::Auto)
+    }
+
+    /// Attaches the probes of `backend`.
+    ///
+    /// # Errors
+    /// As [`Watcher::new`], and when a forced backend is not available.
+    pub fn with_backend(filter: Filter, backend: Backend) -> anyhow::Result<Self> {
         let btf = crate::btf::load_vmlinux()?;
         let names = ReasonNames(crate::btf::drop_reason_names(&btf)?);
         let facts = crate::probe::kernel_facts()?;
         let discovery = Discovery::new(filter)?;
-        let probe = Probe::attach(&facts)?;
+        let probe = Probe::attach_backend(&facts, backend, false)?;
         Ok(Self {
             probe,
             discovery,
@@ -249,8 +263,15 @@ impl Watcher {
         rows.sort_by(|a, b| (&a.netns, &a.ifname, a.queue).cmp(&(&b.netns, &b.ifname, b.queue)));
         Ok(Report {
             elapsed_s: self.started.elapsed().as_secs_f64(),
+            sources: self.probe.sources().clone(),
             rows,
         })
+    }
+
+    /// What feeds each counter.
+    #[must_use]
+    pub fn sources(&self) -> &crate::backend::Sources {
+        self.probe.sources()
     }
 
     /// The error text for a filter that matches nothing: what exists instead.

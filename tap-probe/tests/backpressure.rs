@@ -11,7 +11,6 @@ use tap_probe::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe::netns::run_in;
 use tap_probe::slow_consumer::SlowConsumer;
 use tap_probe::traffic::{self, SenderConfig};
-use tap_probe::watch::Watcher;
 
 const FRAMES: u64 = 20_000;
 /// Per packet on the peer: about 50 kpps, far below what one sender pushes.
@@ -40,12 +39,14 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
     })
     .unwrap();
     let qdisc = || run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(ifindex)).unwrap();
-    let mut watcher = Watcher::new(Filter {
+    let filter = Filter {
         globs: vec!["tpva".to_owned()],
         netns: Some(ns.name().to_owned()),
-    })
-    .unwrap();
-    assert_eq!(watcher.refresh().unwrap().rows.len(), 1);
+    };
+    let mut watchers = common::watchers(&filter);
+    for (_, w) in &mut watchers {
+        assert_eq!(w.refresh().unwrap().rows.len(), 1);
+    }
     let before = qdisc();
 
     let cfg = SenderConfig {
@@ -55,35 +56,53 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
     let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
     let after = settle(&qdisc);
 
-    let end = watcher.refresh().unwrap();
-    let row = &end.rows[0];
-    eprintln!("sent {sent:?}\nrow {row:#?}\nqdisc {before:?} -> {after:?}");
-    assert!(
-        row.busy > 0,
-        "the veth ring never filled: this run proves nothing"
-    );
-    assert_eq!(
-        row.busy,
-        after.requeues - before.requeues,
-        "every NETDEV_TX_BUSY is one requeue"
-    );
-    assert_eq!(
-        row.xmit_calls,
-        row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
-        "every driver call ends enqueued, busy or dropped"
-    );
-    assert_eq!(
-        row.enqueued, sent.sent,
-        "with a qdisc nothing accepted is lost"
-    );
-    assert!(row.queue_stops > 0, "BUSY without a stop: {row:?}");
-    assert_eq!(
-        row.queue_wakes, row.queue_stops,
-        "the queue runs again once drained"
-    );
-    assert!(!row.stopped);
-    assert!(row.stopped_ns > 0);
-    drop(watcher);
+    let mut rows = Vec::new();
+    for (backend, w) in &mut watchers {
+        let end = w.refresh().unwrap();
+        let row = end.rows[0].clone();
+        eprintln!(
+            "{backend:?} ({}):\nsent {sent:?}\nrow {row:#?}\nqdisc {before:?} -> {after:?}",
+            end.sources
+        );
+        assert!(
+            row.busy > 0,
+            "{backend:?}: the veth ring never filled: this run proves nothing"
+        );
+        assert_eq!(
+            row.busy,
+            after.requeues - before.requeues,
+            "{backend:?}: every NETDEV_TX_BUSY is one requeue"
+        );
+        assert_eq!(
+            row.xmit_calls,
+            row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+            "{backend:?}: every driver call ends enqueued, busy or dropped"
+        );
+        assert_eq!(
+            row.enqueued, sent.sent,
+            "{backend:?}: with a qdisc nothing accepted is lost"
+        );
+        assert!(
+            row.queue_stops > 0,
+            "{backend:?}: BUSY without a stop: {row:?}"
+        );
+        assert_eq!(
+            row.queue_wakes, row.queue_stops,
+            "{backend:?}: the queue runs again once drained"
+        );
+        assert!(!row.stopped, "{backend:?}");
+        assert!(row.stopped_ns > 0, "{backend:?}");
+        rows.push((*backend, row));
+    }
+    for (backend, row) in &rows[1..] {
+        assert_eq!(
+            common::counters(row),
+            common::counters(&rows[0].1),
+            "{backend:?} and {:?} saw the same traffic",
+            rows[0].0
+        );
+    }
+    drop(watchers);
     drop(consumer);
     drop(ns);
 }

@@ -1,18 +1,18 @@
-//! Our counters against the kernel's own, exactly, on a real tap with a slow reader.
+//! Our counters against the kernel's own, exactly, on a real tap with a slow reader; under
+//! every backend this kernel runs, attached at once to the same traffic.
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tap_probe::discovery::Filter;
 use tap_probe::netlink::{RootQdisc, Rtnl};
 use tap_probe::netns::run_in;
 use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
-use tap_probe::watch::Watcher;
 
-/// Frames sent; the tap's ring holds 500 (tun's default `tx_queue_len`), the reader takes a few
-/// thousand per second, so most of these are tail-dropped on this stock kernel.
+/// Frames sent; the tap's ring holds 500 (tun's default `tx_queue_len`), the reader takes a
+/// few thousand per second, so most of these are tail-dropped on a stock kernel.
 const FRAMES: u64 = 20_000;
 
 fn tap_with_slow_reader(qdisc: RootQdisc) {
@@ -21,18 +21,20 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
     }
     let ns = common::quiet_netns("exact").unwrap();
     let tap = common::tap_in(&ns, "tpx0", qdisc).unwrap();
-    let mut watcher = Watcher::new(Filter {
+    let filter = Filter {
         globs: vec!["tpx0".to_owned()],
         netns: Some(ns.name().to_owned()),
-    })
-    .unwrap();
-    let start = watcher.refresh().unwrap();
-    assert_eq!(
-        start.rows.len(),
-        1,
-        "one single-queue tap: {:?}",
-        start.rows
-    );
+    };
+    let mut watchers = common::watchers(&filter);
+    for (backend, w) in &mut watchers {
+        let start = w.refresh().unwrap();
+        assert_eq!(
+            start.rows.len(),
+            1,
+            "{backend:?}: one single-queue tap: {:?}",
+            start.rows
+        );
+    }
     let qdisc_before = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
     let stop = AtomicBool::new(false);
@@ -53,7 +55,7 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
             ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
         };
         let sent = run_in(ns.path(), || traffic::send(&cfg));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         reader.join().unwrap().unwrap();
         sent.unwrap()
     });
@@ -61,45 +63,64 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
     traffic::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
     let qdisc_after = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
-    let end = watcher.refresh().unwrap();
-    let row = &end.rows[0];
-    eprintln!("sent {sent:?}\nrow {row:#?}\nqdisc {qdisc_before:?} -> {qdisc_after:?}");
-    assert!(
-        row.dropped_full_ring > 0,
-        "the ring never filled: this run proves nothing"
-    );
-    assert!(row.consumed > 0, "the reader took nothing");
-    assert_eq!(
-        row.dropped_full_ring, row.kernel.tx_dropped,
-        "ring-full drops vs kernel tx_dropped"
-    );
-    assert_eq!(
-        row.consumed, row.kernel.tx_packets,
-        "consumed vs kernel tx_packets"
-    );
-    assert_eq!(
-        row.xmit_calls,
-        row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
-        "every driver call ends enqueued, busy or dropped"
-    );
-    assert_eq!(
-        row.enqueued, row.consumed,
-        "after the drain the ring is empty"
-    );
-    assert_eq!(row.busy, 0, "a stock tun never returns NETDEV_TX_BUSY");
-    assert_eq!(row.dropped_other, 0, "{:?}", row.drop_reasons);
-    match qdisc {
-        // Without a qdisc every send is one driver call, and a ring-full drop is the
-        // sender's ENOBUFS.
-        RootQdisc::Noqueue => {
-            assert_eq!(row.xmit_calls, FRAMES);
-            assert_eq!(sent.sent + sent.enobufs, FRAMES);
-            assert_eq!(row.dropped_full_ring, sent.enobufs);
+    let mut rows = Vec::new();
+    for (backend, w) in &mut watchers {
+        let end = w.refresh().unwrap();
+        let row = end.rows[0].clone();
+        eprintln!("{backend:?} ({}):\n{row:#?}", end.sources);
+        assert!(
+            row.dropped_full_ring > 0,
+            "{backend:?}: the ring never filled: this run proves nothing"
+        );
+        assert!(row.consumed > 0, "{backend:?}: the reader took nothing");
+        assert_eq!(
+            row.dropped_full_ring, row.kernel.tx_dropped,
+            "{backend:?}: ring-full drops vs kernel tx_dropped"
+        );
+        assert_eq!(
+            row.consumed, row.kernel.tx_packets,
+            "{backend:?}: consumed vs kernel tx_packets"
+        );
+        assert_eq!(
+            row.xmit_calls,
+            row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+            "{backend:?}: every driver call ends enqueued, busy or dropped"
+        );
+        assert_eq!(
+            row.enqueued, row.consumed,
+            "{backend:?}: after the drain the ring is empty"
+        );
+        assert_eq!(
+            row.busy, 0,
+            "{backend:?}: a stock tun never returns NETDEV_TX_BUSY"
+        );
+        assert_eq!(row.dropped_other, 0, "{backend:?}: {:?}", row.drop_reasons);
+        match qdisc {
+            // Without a qdisc every send is one driver call, and a ring-full drop is the
+            // sender's ENOBUFS.
+            RootQdisc::Noqueue => {
+                assert_eq!(row.xmit_calls, FRAMES, "{backend:?}");
+                assert_eq!(sent.sent + sent.enobufs, FRAMES);
+                assert_eq!(row.dropped_full_ring, sent.enobufs, "{backend:?}");
+            }
+            // With one, the qdisc counts what it handed the driver.
+            _ => assert_eq!(
+                row.xmit_calls,
+                qdisc_after.packets - qdisc_before.packets,
+                "{backend:?}"
+            ),
         }
-        // With one, the qdisc counts what it handed the driver.
-        _ => assert_eq!(row.xmit_calls, qdisc_after.packets - qdisc_before.packets),
+        rows.push((*backend, row));
     }
-    drop(watcher);
+    for (backend, row) in &rows[1..] {
+        assert_eq!(
+            common::counters(row),
+            common::counters(&rows[0].1),
+            "{backend:?} and {:?} saw the same traffic",
+            rows[0].0
+        );
+    }
+    drop(watchers);
     drop(tap);
     drop(ns);
 }

@@ -56,3 +56,35 @@ pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
         Ok(tap)
     })
 }
+
+/// A watcher for each backend this kernel can run, all attached at once so they count the
+/// same traffic; backends the kernel cannot run are skipped with a message.
+pub fn watchers(
+    filter: &tap_probe::discovery::Filter,
+) -> Vec<(tap_probe::backend::Backend, tap_probe::watch::Watcher)> {
+    use tap_probe::backend::Backend;
+    let mut all = Vec::new();
+    for backend in [Backend::Tracepoint, Backend::Kprobe] {
+        match tap_probe::watch::Watcher::with_backend(filter.clone(), backend) {
+            Ok(w) => all.push((backend, w)),
+            Err(err) => eprintln!("skipping backend {backend:?} - {err:#}"),
+        }
+    }
+    assert!(!all.is_empty(), "no backend attaches on this kernel");
+    all
+}
+
+/// The counters of a row, without its labels, to compare backends.
+pub fn counters(row: &tap_probe::report::Row) -> [u64; 9] {
+    [
+        row.xmit_calls,
+        row.enqueued,
+        row.busy,
+        row.dropped_full_ring,
+        row.dropped_other,
+        row.consumed,
+        row.queue_stops,
+        row.queue_wakes,
+        u64::from(row.stopped),
+    ]
+}

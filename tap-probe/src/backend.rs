@@ -1,0 +1,179 @@
+//! Which kernel hooks feed which counter, chosen counter by counter and tried, not guessed.
+//!
+//! - Driver calls (`xmit_calls`, `enqueued`, `busy`, and the bracket that attributes drops):
+//!   a kprobe and kretprobe on each driver's `ndo_start_xmit` (`tun_net_xmit`, `veth_xmit`,
+//!   `macvlan_start_xmit`), or the `net_dev_start_xmit`/`net_dev_xmit` tracepoints.
+//! - Reader takes (`consumed`): a kprobe on `consume_skb` that reads its caller's address
+//!   from the stack, or the `consume_skb` tracepoint, whose `location` argument (Linux 6.3+)
+//!   is that same address.
+//! - Drops and queue state: the `kfree_skb` and `qdisc_dequeue` tracepoints, on every backend
+//!   (the drop reason exists only there).
+//!
+//! fentry/fexit would be cheaper than kprobes, but tun is a module on most distributions and
+//! aya 0.14 loads fentry programs only against vmlinux's BTF, not a module's
+//! (`/sys/kernel/btf/tun`), so there is no fentry backend.
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::Ebpf;
+use aya::programs::{KProbe, RawTracePoint};
+use serde::Serialize;
+use tap_probe_common::{
+    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT,
+    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+};
+
+/// The perf event source aya attaches kprobes through.
+const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
+
+/// Drivers whose transmit function the kprobe backend probes, when the kernel has them.
+const XMIT_FUNCTIONS: [&str; 3] = ["tun_net_xmit", "veth_xmit", "macvlan_start_xmit"];
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// fentry, then kprobe, then tracepoints, counter by counter.
+    #[default]
+    Auto,
+    Fentry,
+    Kprobe,
+    Tracepoint,
+}
+
+const FENTRY_UNAVAILABLE: &str = "the fentry backend is not available: tun is a kernel module \
+     on most distributions, and aya 0.14 can load fentry programs only against vmlinux's BTF; \
+     use --backend kprobe or tracepoint";
+
+/// What feeds each group of counters, for `doctor`, `watch` and the JSON output.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Sources {
+    pub xmit: String,
+    pub drops: String,
+    pub consumed: String,
+    pub queue_state: String,
+    /// Why a preferred source was not used.
+    pub notes: Vec<String>,
+}
+
+impl std::fmt::Display for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "xmit: {}; drops: {}; consumed: {}; queue state: {}",
+            self.xmit, self.drops, self.consumed, self.queue_state
+        )
+    }
+}
+
+/// Loads and attaches the programs `backend` calls for; on error nothing stays attached
+/// once `ebpf` is dropped.
+///
+/// `consume_location`: whether this kernel's `consume_skb` tracepoint has its `location`.
+///
+/// # Errors
+/// When a forced backend cannot attach, or no source at all works for a counter.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    backend: Backend,
+    consume_location: bool,
+) -> anyhow::Result<Sources> {
+    if backend == Backend::Fentry {
+        bail!("{FENTRY_UNAVAILABLE}");
+    }
+    let mut sources = Sources::default();
+    if backend == Backend::Auto {
+        sources.notes.push(format!("fentry: {FENTRY_UNAVAILABLE}"));
+    }
+    let kprobes = matches!(backend, Backend::Auto | Backend::Kprobe);
+    // The closing side of a driver call first: an opened bracket is always closed.
+    attach_raw(ebpf, PROG_KFREE_SKB)?;
+    sources.drops = "tracepoint skb:kfree_skb".to_owned();
+    attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
+    sources.queue_state = "after each driver call, and tracepoint qdisc:qdisc_dequeue".to_owned();
+
+    sources.xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf)) {
+        Some(Ok(functions)) => format!("kprobe+kretprobe {}", functions.join(", ")),
+        Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
+        failed => {
+            if let Some(Err(err)) = failed {
+                sources.notes.push(format!("xmit kprobes: {err:#}"));
+            }
+            attach_raw(ebpf, PROG_XMIT)?;
+            attach_raw(ebpf, PROG_START_XMIT)?;
+            "tracepoints net:net_dev_start_xmit, net:net_dev_xmit".to_owned()
+        }
+    };
+
+    sources.consumed =
+        match kprobes.then(|| attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false)) {
+            Some(Ok(())) => "kprobe consume_skb (caller address)".to_owned(),
+            Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
+            failed => {
+                if let Some(Err(err)) = failed {
+                    sources.notes.push(format!("consume kprobe: {err:#}"));
+                }
+                if !consume_location {
+                    bail!(
+                        "nothing can count reader takes here: kprobes do not attach and the \
+                     consume_skb tracepoint has no location argument (Linux < 6.3)"
+                    );
+                }
+                attach_raw(ebpf, PROG_CONSUME_SKB)?;
+                "tracepoint skb:consume_skb (location)".to_owned()
+            }
+        };
+    Ok(sources)
+}
+
+fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
+        .try_into()?;
+    program
+        .load()
+        .with_context(|| format!("loading {name} (raw tracepoint)"))?;
+    program
+        .attach(tracepoint)
+        .with_context(|| format!("attaching to raw tracepoint {tracepoint}"))?;
+    Ok(())
+}
+
+/// Probes the return, then the entry, of every driver transmit function present; the
+/// returns first so that every recorded entry meets its return.
+fn attach_xmit_kprobes(ebpf: &mut Ebpf) -> anyhow::Result<Vec<&'static str>> {
+    if !std::path::Path::new(KPROBE_PMU).exists() {
+        bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)");
+    }
+    let present: Vec<&str> = XMIT_FUNCTIONS
+        .into_iter()
+        .filter(|f| crate::kallsyms::has_symbol(f).unwrap_or(false))
+        .collect();
+    if !present.contains(&"tun_net_xmit") {
+        bail!("tun_net_xmit is not in /proc/kallsyms: is the tun module loaded? (modprobe tun)");
+    }
+    for function in &present {
+        attach_kprobe(ebpf, PROG_XMIT_RETURN, function, true)?;
+    }
+    for function in &present {
+        attach_kprobe(ebpf, PROG_XMIT_ENTRY, function, false)?;
+    }
+    Ok(present)
+}
+
+/// Loads `name` (once) and attaches it to `function`.
+fn attach_kprobe(ebpf: &mut Ebpf, name: &str, function: &str, ret: bool) -> anyhow::Result<()> {
+    let program: &mut KProbe = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
+        .try_into()?;
+    if program.fd().is_err() {
+        program
+            .load()
+            .with_context(|| format!("loading {name} (kprobe)"))?;
+    }
+    let kind = if ret { "kretprobe" } else { "kprobe" };
+    program
+        .attach(function, 0)
+        .with_context(|| format!("attaching a {kind} to {function}"))?;
+    Ok(())
+}
