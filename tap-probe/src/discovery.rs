@@ -91,7 +91,6 @@ pub struct Filter {
 /// up in [`netns::list`] are closed at the next scan so that deleted namespaces can go.
 #[derive(Debug)]
 pub struct Discovery {
-    filter: Filter,
     globs: Option<GlobSet>,
     netns: Option<GlobMatcher>,
     sockets: HashMap<u32, Rtnl>,
@@ -121,7 +120,6 @@ impl Discovery {
             })
             .transpose()?;
         Ok(Self {
-            filter,
             globs,
             netns,
             sockets: HashMap::new(),

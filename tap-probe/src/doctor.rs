@@ -9,7 +9,9 @@ use aya::programs::{BtfTracePoint, FEntry, KProbe, Program, RawTracePoint, Trace
 use serde::Serialize;
 use tap_probe_common::{GLOBAL_KERNEL, KernelFacts, MAX_READER_RANGES, TextRange};
 
+use crate::backend::Sources;
 use crate::kallsyms::Kallsyms;
+use crate::probe::Probe;
 use crate::{btf, kallsyms, privileges};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -152,10 +154,12 @@ struct Trial {
     error: Option<String>,
 }
 
+/// What `watch --backend auto` attaches here: each counter's source, or why none works.
 #[derive(Debug, Serialize)]
-struct Backend {
-    name: String,
-    reason: String,
+#[serde(untagged)]
+enum Backend {
+    Sources(Sources),
+    Failed { error: String },
 }
 
 #[derive(Debug, Serialize)]
@@ -311,7 +315,18 @@ fn collect() -> Report {
         .collect();
 
     let (ebpf_object, attach) = attach_trials(tap_probe_ebpf_object(), facts.as_ref());
-    let backend = choose_backend(&attach);
+    // Tried, not guessed: the same selection `watch` makes.
+    let backend = match &facts {
+        Some(facts) => match Probe::attach_backend(facts, crate::backend::Backend::Auto, false) {
+            Ok(probe) => Backend::Sources(probe.sources().clone()),
+            Err(err) => Backend::Failed {
+                error: format!("{err:#}"),
+            },
+        },
+        None => Backend::Failed {
+            error: "no kernel facts".to_owned(),
+        },
+    };
 
     Report {
         kernel_release,
@@ -520,59 +535,6 @@ fn try_trial(kind: AttachKind, object: &[u8], facts: &KernelFacts) -> Result<(),
     }
 }
 
-/// The backend `watch` would use: a probe on `tun_net_xmit` itself when the kernel allows one,
-/// else the tracepoint backend, preferring `raw_tp` (no tracefs, no BTF typing needed).
-fn choose_backend(trials: &[Trial]) -> Backend {
-    let works = |kind: AttachKind| {
-        trials
-            .iter()
-            .any(|t| t.kind == kind && t.status == Status::Ok)
-    };
-    let tried = |kind: AttachKind| {
-        trials
-            .iter()
-            .any(|t| t.kind == kind && t.status != Status::Skipped)
-    };
-    if !trials.iter().any(|t| t.status != Status::Skipped) {
-        return Backend {
-            name: "unknown".to_owned(),
-            reason: "attach trials skipped".to_owned(),
-        };
-    }
-    let preferred = [
-        (AttachKind::Kprobe, "kprobe"),
-        (AttachKind::Fentry, "fentry"),
-        (AttachKind::RawTp, "tracepoint (raw_tp)"),
-        (AttachKind::TpBtf, "tracepoint (tp_btf)"),
-        (AttachKind::Tracepoint, "tracepoint (classic)"),
-    ];
-    let mut failed = Vec::new();
-    for (kind, name) in preferred {
-        if works(kind) {
-            let reason = if failed.is_empty() {
-                format!("{} loads and attaches", kind.label())
-            } else {
-                format!(
-                    "{} failed; {} loads and attaches",
-                    failed.join(" and "),
-                    kind.label()
-                )
-            };
-            return Backend {
-                name: name.to_owned(),
-                reason,
-            };
-        }
-        if tried(kind) {
-            failed.push(kind.label());
-        }
-    }
-    Backend {
-        name: "none".to_owned(),
-        reason: "no attach type loads and attaches here".to_owned(),
-    }
-}
-
 /// Lays out rows as aligned columns (the last column is not padded).
 fn columns(out: &mut String, indent: &str, rows: &[Vec<String>]) {
     let width = rows.iter().map(Vec::len).max().unwrap_or(0);
@@ -660,7 +622,28 @@ fn render_table(r: &Report) -> String {
         })
         .collect();
     columns(&mut out, "  ", &rows);
-    let _ = writeln!(out, "\nbackend: {} ({})", r.backend.name, r.backend.reason);
+    match &r.backend {
+        Backend::Sources(sources) => {
+            let _ = writeln!(out, "\nwatch --backend auto attaches:");
+            let rows = [
+                ("driver calls", &sources.xmit),
+                ("drops", &sources.drops),
+                ("reader takes", &sources.consumed),
+                ("queue state", &sources.queue_state),
+            ];
+            let rows: Vec<Vec<String>> = rows
+                .iter()
+                .map(|(what, src)| vec![(*what).to_owned(), (*src).clone()])
+                .collect();
+            columns(&mut out, "  ", &rows);
+            for note in &sources.notes {
+                let _ = writeln!(out, "  not used: {note}");
+            }
+        }
+        Backend::Failed { error } => {
+            let _ = writeln!(out, "\nwatch --backend auto: FAILED  {error}");
+        }
+    }
 
     render_kallsyms(&mut out, r);
     out
@@ -752,34 +735,6 @@ mod tests {
             stage: None,
             error: None,
         }
-    }
-
-    #[test]
-    fn backend_prefers_probes_then_raw_tp() {
-        let trials = [
-            trial_with(AttachKind::RawTp, Status::Ok),
-            trial_with(AttachKind::TpBtf, Status::Ok),
-            trial_with(AttachKind::Tracepoint, Status::Ok),
-            trial_with(AttachKind::Kprobe, Status::Failed),
-            trial_with(AttachKind::Fentry, Status::Failed),
-        ];
-        let backend = choose_backend(&trials);
-        assert_eq!(backend.name, "tracepoint (raw_tp)");
-        assert_eq!(
-            backend.reason,
-            "kprobe and fentry failed; raw_tp loads and attaches"
-        );
-
-        let trials = [
-            trial_with(AttachKind::RawTp, Status::Ok),
-            trial_with(AttachKind::Kprobe, Status::Ok),
-        ];
-        assert_eq!(choose_backend(&trials).name, "kprobe");
-
-        let trials = [trial_with(AttachKind::RawTp, Status::Skipped)];
-        assert_eq!(choose_backend(&trials).name, "unknown");
-        let trials = [trial_with(AttachKind::RawTp, Status::Failed)];
-        assert_eq!(choose_backend(&trials).name, "none");
     }
 
     #[test]
