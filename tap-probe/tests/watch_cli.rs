@@ -183,3 +183,28 @@ fn attached_tracing_programs() -> usize {
         })
         .count()
 }
+
+#[test]
+fn without_privileges_the_error_names_the_capabilities() {
+    if common::skip_unless_root() {
+        return;
+    }
+    // setpriv (util-linux) drops to an unprivileged user with no capabilities.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            BIN,
+        ])
+        .args(["watch", "--duration", "1"])
+        .output()
+        .expect("setpriv runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for cap in ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"] {
+        assert!(stderr.contains(cap), "{cap} named: {stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
