@@ -189,15 +189,22 @@ fn without_privileges_the_error_names_the_capabilities() {
     if common::skip_unless_root() {
         return;
     }
-    // setpriv (util-linux) drops to an unprivileged user with no capabilities.
+    // setpriv (util-linux) drops to an unprivileged user with no capabilities; that user
+    // may not reach the build directory, so it runs a copy in a world-readable place.
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("tap-probe");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
             "--clear-groups",
             "--inh-caps=-all",
-            BIN,
         ])
+        .arg(&bin)
         .args(["watch", "--duration", "1"])
         .output()
         .expect("setpriv runs");

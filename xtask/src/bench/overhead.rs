@@ -34,6 +34,8 @@ const BPFTRACE_PROGRAM: &str = "tracepoint:net:net_dev_start_xmit, tracepoint:ne
 
 /// How long bpftrace gets to print "Attaching" before the load starts anyway.
 const BPFTRACE_ATTACH_WAIT: Duration = Duration::from_secs(10);
+/// How long `tap-probe watch` may take to attach.
+const WATCH_ATTACH_WAIT: Duration = Duration::from_secs(30);
 
 /// The load's report field read as throughput.
 const THROUGHPUT_FIELD: &str = "delivered_pps";
@@ -232,11 +234,27 @@ impl Observer {
         // `--wait`: the load's namespace does not exist yet when watch starts.
         watch
             .args(["watch", "--netns", LOAD_NETNS_GLOB, "--wait"])
-            .args(["--format", "json", "--interval", "1"])
+            .args(["--format", "json", "--interval", "0.5"])
             .stdout(create(out)?);
         let mut proc = Proc::spawn(&mut watch)?;
-        if let Some(status) = proc.exited()? {
-            bail!("tap-probe watch exited at once ({status})");
+        // Its first report means the probes are attached; only then may traffic start, or a
+        // slow start (BTF parsing on a busy machine) would miss the beginning of the run.
+        let deadline = std::time::Instant::now() + WATCH_ATTACH_WAIT;
+        loop {
+            if let Some(status) = proc.exited()? {
+                bail!("tap-probe watch exited before attaching ({status})");
+            }
+            if std::fs::read_to_string(out).is_ok_and(|text| text.contains('\n')) {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                proc.stop()?;
+                bail!(
+                    "tap-probe watch printed nothing within {} s",
+                    WATCH_ATTACH_WAIT.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         Ok(Self { proc, reader: None })
     }
