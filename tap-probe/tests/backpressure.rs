@@ -60,6 +60,17 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
     for (backend, w) in &mut watchers {
         let end = w.refresh().unwrap();
         let row = end.rows[0].clone();
+        if row.busy == 0
+            && row.dropped_other > 0
+            && row.xmit_calls == row.enqueued + row.dropped_other
+        {
+            // This kernel's veth drops when its ring is full instead of pushing back: it
+            // predates upstream commit dc82a33297fc. The drops show the ring did fill.
+            eprintln!(
+                "skipping test - this kernel's veth tail-drops (no qdisc backpressure): {row:?}"
+            );
+            return;
+        }
         eprintln!(
             "{backend:?} ({}):\nsent {sent:?}\nrow {row:#?}\nqdisc {before:?} -> {after:?}",
             end.sources
