@@ -79,23 +79,21 @@ pub fn attach(
     if backend == Backend::Fentry {
         bail!("{FENTRY_UNAVAILABLE}");
     }
-    let mut sources = Sources::default();
+    let mut notes = Vec::new();
     if backend == Backend::Auto {
-        sources.notes.push(format!("fentry: {FENTRY_UNAVAILABLE}"));
+        notes.push(format!("fentry: {FENTRY_UNAVAILABLE}"));
     }
     let kprobes = matches!(backend, Backend::Auto | Backend::Kprobe);
     // The closing side of a driver call first: an opened bracket is always closed.
     attach_raw(ebpf, PROG_KFREE_SKB)?;
-    sources.drops = "tracepoint skb:kfree_skb".to_owned();
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
-    sources.queue_state = "after each driver call, and tracepoint qdisc:qdisc_dequeue".to_owned();
 
-    sources.xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf)) {
+    let xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf)) {
         Some(Ok(functions)) => format!("kprobe+kretprobe {}", functions.join(", ")),
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
             if let Some(Err(err)) = failed {
-                sources.notes.push(format!("xmit kprobes: {err:#}"));
+                notes.push(format!("xmit kprobes: {err:#}"));
             }
             attach_raw(ebpf, PROG_XMIT)?;
             attach_raw(ebpf, PROG_START_XMIT)?;
@@ -103,25 +101,31 @@ pub fn attach(
         }
     };
 
-    sources.consumed =
-        match kprobes.then(|| attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false)) {
-            Some(Ok(())) => "kprobe consume_skb (caller address)".to_owned(),
-            Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
-            failed => {
-                if let Some(Err(err)) = failed {
-                    sources.notes.push(format!("consume kprobe: {err:#}"));
-                }
-                if !consume_location {
-                    bail!(
-                        "nothing can count reader takes here: kprobes do not attach and the \
-                     consume_skb tracepoint has no location argument (Linux < 6.3)"
-                    );
-                }
-                attach_raw(ebpf, PROG_CONSUME_SKB)?;
-                "tracepoint skb:consume_skb (location)".to_owned()
+    let consume_kprobe = || attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
+    let consumed = match kprobes.then(consume_kprobe) {
+        Some(Ok(())) => "kprobe consume_skb (caller address)".to_owned(),
+        Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
+        failed => {
+            if let Some(Err(err)) = failed {
+                notes.push(format!("consume kprobe: {err:#}"));
             }
-        };
-    Ok(sources)
+            if !consume_location {
+                bail!(
+                    "nothing can count reader takes here: kprobes do not attach and the \
+                     consume_skb tracepoint has no location argument (Linux < 6.3)"
+                );
+            }
+            attach_raw(ebpf, PROG_CONSUME_SKB)?;
+            "tracepoint skb:consume_skb (location)".to_owned()
+        }
+    };
+    Ok(Sources {
+        xmit,
+        drops: "tracepoint skb:kfree_skb".to_owned(),
+        consumed,
+        queue_state: "after each driver call, and tracepoint qdisc:qdisc_dequeue".to_owned(),
+        notes,
+    })
 }
 
 fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {

@@ -99,7 +99,7 @@ pub struct Discovery {
 impl Discovery {
     /// # Errors
     /// When a glob is malformed.
-    pub fn new(filter: Filter) -> Result<Self> {
+    pub fn new(filter: &Filter) -> Result<Self> {
         let globs = if filter.globs.is_empty() {
             None
         } else {
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn filter_matches_globs_and_netns() {
-        let d = Discovery::new(Filter {
+        let d = Discovery::new(&Filter {
             globs: vec!["tap*".into()],
             netns: Some("ns1".into()),
         })
@@ -368,7 +368,7 @@ mod tests {
         assert!(!d.matches(&device("veth0", 1, DeviceKind::Veth)));
         assert!(!d.matches(&device("tap0", 2, DeviceKind::Tap)));
         assert!(
-            Discovery::new(Filter {
+            Discovery::new(&Filter {
                 globs: vec!["[".into()],
                 netns: None
             })
@@ -378,14 +378,14 @@ mod tests {
 
     #[test]
     fn netns_filter_is_a_glob() {
-        let d = Discovery::new(Filter {
+        let d = Discovery::new(&Filter {
             globs: Vec::new(),
             netns: Some("ns*".into()),
         })
         .unwrap();
         assert!(d.matches(&device("tap0", 1, DeviceKind::Tap)));
         assert!(d.matches(&device("tap0", 22, DeviceKind::Tap)));
-        let d = Discovery::new(Filter {
+        let d = Discovery::new(&Filter {
             globs: Vec::new(),
             netns: Some("ns2".into()),
         })
@@ -415,7 +415,7 @@ mod privileged_tests {
         })
         .unwrap();
 
-        let mut all = Discovery::new(Filter {
+        let mut all = Discovery::new(&Filter {
             globs: Vec::new(),
             netns: Some(ns.name().to_owned()),
         })
@@ -442,7 +442,7 @@ mod privileged_tests {
         assert_eq!(veth.kind, DeviceKind::Veth);
         assert!(veth.owners.is_empty());
 
-        let mut taps = Discovery::new(Filter {
+        let mut taps = Discovery::new(&Filter {
             globs: vec!["tpd-tap*".into()],
             netns: None,
         })

@@ -171,7 +171,7 @@ impl Watcher {
         let btf = crate::btf::load_vmlinux()?;
         let names = ReasonNames(crate::btf::drop_reason_names(&btf)?);
         let facts = crate::probe::kernel_facts()?;
-        let discovery = Discovery::new(filter)?;
+        let discovery = Discovery::new(&filter)?;
         let probe = Probe::attach_backend(&facts, backend, false)?;
         Ok(Self {
             probe,
