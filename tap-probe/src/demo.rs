@@ -63,7 +63,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     let mut session = LoadSession::start(&session_cfg, Arc::clone(&stop))?;
     let device = session.device().clone();
-    let mut watcher = Watcher::new(Filter {
+    let mut watcher = Watcher::new(&Filter {
         globs: vec![device.name.clone()],
         netns: Some(device.netns_name.clone()),
     })?;

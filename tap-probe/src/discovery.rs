@@ -402,8 +402,7 @@ mod privileged_tests {
 
     #[test]
     fn finds_tap_with_owner_and_veth() {
-        if !nix::unistd::geteuid().is_root() {
-            println!("skipping test - not root");
+        if !crate::test_support::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-disc-{}", std::process::id())).unwrap();

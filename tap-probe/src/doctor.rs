@@ -726,17 +726,6 @@ fn render_kallsyms(out: &mut String, r: &Report) {
 mod tests {
     use super::*;
 
-    fn trial_with(kind: AttachKind, status: Status) -> Trial {
-        Trial {
-            kind,
-            program: kind.program(),
-            target: kind.target(),
-            status,
-            stage: None,
-            error: None,
-        }
-    }
-
     #[test]
     fn columns_align() {
         let mut out = String::new();

@@ -28,3 +28,16 @@ pub mod watch;
 pub fn ebpf_object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tap-probe"))
 }
+
+/// Shared by the privileged unit tests.
+#[cfg(all(test, feature = "privileged-tests"))]
+mod test_support {
+    /// Privileged tests need root; elsewhere they say so and pass.
+    pub fn root() -> bool {
+        let root = nix::unistd::geteuid().is_root();
+        if !root {
+            println!("skipping test - not root");
+        }
+        root
+    }
+}

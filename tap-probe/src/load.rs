@@ -645,17 +645,9 @@ impl Drop for SignalGuard {
 mod tests {
     use super::*;
 
-    fn root() -> bool {
-        let root = nix::unistd::geteuid().is_root();
-        if !root {
-            println!("skipping test - not root");
-        }
-        root
-    }
-
     #[test]
     fn fast_reader_accounts_for_every_packet() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let cfg = LoadConfig {
@@ -683,7 +675,7 @@ mod tests {
 
     #[test]
     fn slow_reader_tail_drops() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let cfg = LoadConfig {
@@ -715,7 +707,7 @@ mod tests {
 
     #[test]
     fn session_exposes_device_before_traffic() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let stop = Arc::new(AtomicBool::new(false));

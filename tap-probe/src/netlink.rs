@@ -737,14 +737,6 @@ mod tests {
     use crate::netns::{NamedNetns, run_in};
     use crate::tap::{Tap, TapOptions};
 
-    fn root() -> bool {
-        let root = nix::unistd::geteuid().is_root();
-        if !root {
-            println!("skipping test - not root");
-        }
-        root
-    }
-
     fn json(ns: &str, cmd: &str, args: &[&str]) -> serde_json::Value {
         let out = std::process::Command::new(cmd)
             .args(["-n", ns, "-j"])
@@ -771,7 +763,7 @@ mod tests {
 
     #[test]
     fn links_veth_and_qdiscs_match_iproute2() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnl-{}", std::process::id())).unwrap();
@@ -843,7 +835,7 @@ mod tests {
 
     #[test]
     fn tap_kind_queues_and_stats() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnlt-{}", std::process::id())).unwrap();

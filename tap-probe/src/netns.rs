@@ -370,17 +370,9 @@ pub fn pids() -> Result<Vec<u32>> {
 mod tests {
     use super::*;
 
-    fn root() -> bool {
-        let root = nix::unistd::geteuid().is_root();
-        if !root {
-            println!("skipping test - not root");
-        }
-        root
-    }
-
     #[test]
     fn named_netns_lifecycle() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let name = format!("tp-test-netns-{}", std::process::id());
@@ -420,7 +412,7 @@ mod tests {
 
     #[test]
     fn run_in_propagates_errors() {
-        if !root() {
+        if !crate::test_support::root() {
             return;
         }
         let err = run_in(Path::new("/nonexistent/ns"), || Ok(())).unwrap_err();

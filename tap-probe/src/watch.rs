@@ -70,7 +70,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
         // held until the loop below and still ends in a clean detach.
         let mut stop = Stop::install()?;
-        let mut watcher = Watcher::with_backend(filter, args.backend)?;
+        let mut watcher = Watcher::with_backend(&filter, args.backend)?;
         log::info!("sources: {}", watcher.sources());
         let first = watcher.refresh()?;
         if first.rows.is_empty() && !args.wait {
@@ -159,7 +159,7 @@ impl Watcher {
     ///
     /// # Errors
     /// When kernel facts cannot be read or the programs cannot be attached.
-    pub fn new(filter: Filter) -> anyhow::Result<Self> {
+    pub fn new(filter: &Filter) -> anyhow::Result<Self> {
         Self::with_backend(filter, Backend::Auto)
     }
 
@@ -167,11 +167,11 @@ impl Watcher {
     ///
     /// # Errors
     /// As [`Watcher::new`], and when a forced backend is not available.
-    pub fn with_backend(filter: Filter, backend: Backend) -> anyhow::Result<Self> {
+    pub fn with_backend(filter: &Filter, backend: Backend) -> anyhow::Result<Self> {
         let btf = crate::btf::load_vmlinux()?;
         let names = ReasonNames(crate::btf::drop_reason_names(&btf)?);
         let facts = crate::probe::kernel_facts()?;
-        let discovery = Discovery::new(&filter)?;
+        let discovery = Discovery::new(filter)?;
         let probe = Probe::attach_backend(&facts, backend, false)?;
         Ok(Self {
             probe,

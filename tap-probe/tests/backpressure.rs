@@ -105,14 +105,7 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
         assert!(row.stopped_ns > 0, "{backend:?}");
         rows.push((*backend, row));
     }
-    for (backend, row) in &rows[1..] {
-        assert_eq!(
-            common::counters(row),
-            common::counters(&rows[0].1),
-            "{backend:?} and {:?} saw the same traffic",
-            rows[0].0
-        );
-    }
+    common::assert_backends_agree(&rows);
     drop(watchers);
     drop(consumer);
     drop(ns);

@@ -112,14 +112,7 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
         }
         rows.push((*backend, row));
     }
-    for (backend, row) in &rows[1..] {
-        assert_eq!(
-            common::counters(row),
-            common::counters(&rows[0].1),
-            "{backend:?} and {:?} saw the same traffic",
-            rows[0].0
-        );
-    }
+    common::assert_backends_agree(&rows);
     drop(watchers);
     drop(tap);
     drop(ns);

@@ -19,7 +19,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
     }
     let ns = common::quiet_netns("disc").unwrap();
     let tap = common::tap_in(&ns, "tpd0", RootQdisc::PfifoFast).unwrap();
-    let mut watcher = Watcher::new(Filter {
+    let mut watcher = Watcher::new(&Filter {
         globs: vec!["tpd*".to_owned()],
         netns: Some(ns.name().to_owned()),
     })

@@ -65,7 +65,7 @@ pub fn watchers(
     use tap_probe::backend::Backend;
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe::watch::Watcher::with_backend(filter.clone(), backend) {
+        match tap_probe::watch::Watcher::with_backend(filter, backend) {
             Ok(w) => all.push((backend, w)),
             Err(err) => eprintln!("skipping backend {backend:?} - {err:#}"),
         }
@@ -87,4 +87,16 @@ pub fn counters(row: &tap_probe::report::Row) -> [u64; 9] {
         row.queue_wakes,
         u64::from(row.stopped),
     ]
+}
+
+/// Every backend counted the same traffic identically.
+pub fn assert_backends_agree(rows: &[(tap_probe::backend::Backend, tap_probe::report::Row)]) {
+    for (backend, row) in &rows[1..] {
+        assert_eq!(
+            counters(row),
+            counters(&rows[0].1),
+            "{backend:?} and {:?} saw the same traffic",
+            rows[0].0
+        );
+    }
 }
