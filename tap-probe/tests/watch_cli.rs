@@ -215,3 +215,46 @@ fn without_privileges_the_error_names_the_capabilities() {
     }
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn ctrl_c_during_the_demo_leaves_nothing_behind() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let child = Command::new(BIN)
+        .args([
+            "demo",
+            "--duration",
+            "30",
+            "--format",
+            "json",
+            "--interval",
+            "0.2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let netns = format!("tap-probe-load-{pid}");
+    // Wait (bounded) until the demo is under way: its namespace exists.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::path::Path::new("/run/netns").join(&netns).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the demo never created {netns}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        !std::path::Path::new("/run/netns").join(&netns).exists(),
+        "{netns} left behind"
+    );
+    assert_eq!(attached_tracing_programs(), 0, "no probe left attached");
+}
