@@ -228,3 +228,20 @@ pub struct TraceEvent {
 pub const PROG_XMIT_ENTRY: &str = "xmit_entry";
 pub const PROG_XMIT_RETURN: &str = "xmit_return";
 pub const PROG_CONSUME_ENTRY: &str = "consume_entry";
+
+/// Bumped by the loader after every change to `DEVICES`: invalidates `DeviceCache`s.
+pub const MAP_GENERATION: &str = "GENERATION";
+
+/// The last device a CPU looked up, so consecutive packets of one device skip the hash
+/// lookup and two of the three reads behind it. Valid while `generation` is current and
+/// the device at `dev` still has `key.ifindex` (ifindexes are not reused at once).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default)]
+pub struct DeviceCache {
+    pub dev: u64,
+    pub generation: u64,
+    pub key: DeviceKey,
+    pub base: u32,
+    /// 0 when the device is not tracked (a negative entry).
+    pub queues: u32,
+}

@@ -16,9 +16,9 @@ use aya_ebpf::{
     },
 };
 use tap_probe_common::{
-    DROP_REASON_XMIT_ERROR, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES, EventKind, InFlight,
-    KernelFacts, MAX_DEVICES, MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_READER_RANGES, QueueCounters,
-    TraceEvent,
+    DROP_REASON_XMIT_ERROR, DeviceCache, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES,
+    EventKind, InFlight, KernelFacts, MAX_DEVICES, MAX_DROP_KEYS, MAX_QUEUE_SLOTS,
+    MAX_READER_RANGES, QueueCounters, TraceEvent,
 };
 
 /// Filled in by the loader before load (it lands in `.rodata`); read field by field with
@@ -79,19 +79,46 @@ struct At {
     queue: u16,
 }
 
+#[map]
+static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+static DEVICE_CACHE: PerCpuArray<DeviceCache> = PerCpuArray::with_max_entries(1, 0);
+
+/// The tracked device at `dev`, through this CPU's one-entry cache.
+#[inline(always)]
+fn device(dev: u64) -> Option<DeviceCache> {
+    let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
+    let generation = GENERATION.get(0).copied().unwrap_or(0);
+    let cache = DEVICE_CACHE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU; the programs sharing it do not interleave on one CPU mid-update
+    // (and a torn entry would fail the checks below and be refilled).
+    let cache = unsafe { &mut *cache };
+    if cache.dev != dev || cache.generation != generation || cache.key.ifindex != ifindex {
+        let net: u64 = read(dev, fact!(dev_net))?;
+        let netns: u32 = read(net, fact!(net_inum))?;
+        let key = DeviceKey { netns, ifindex };
+        // SAFETY: the value is copied out before any other map operation.
+        let slot = unsafe { DEVICES.get(key) }.copied().unwrap_or_default();
+        *cache = DeviceCache {
+            dev,
+            generation,
+            key,
+            base: slot.base,
+            queues: slot.queues,
+        };
+    }
+    (cache.queues != 0).then_some(*cache)
+}
+
 /// Where `queue` of the net_device at `dev` is counted, if that device is tracked.
 #[inline(always)]
 fn locate(dev: u64, queue: u16) -> Option<At> {
-    let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
-    let net: u64 = read(dev, fact!(dev_net))?;
-    let netns: u32 = read(net, fact!(net_inum))?;
-    let key = DeviceKey { netns, ifindex };
-    // SAFETY: the value is copied out before any other map operation.
-    let slot = unsafe { DEVICES.get(key) }?;
+    let d = device(dev)?;
     // The loader sizes each device by its num_tx_queues, which bounds queue_mapping.
-    (u32::from(queue) < slot.queues).then_some(At {
-        key,
-        slot: slot.base + u32::from(queue),
+    (u32::from(queue) < d.queues).then_some(At {
+        key: d.key,
+        slot: d.base + u32::from(queue),
         queue,
     })
 }

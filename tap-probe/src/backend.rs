@@ -176,8 +176,10 @@ fn attach_kprobe(ebpf: &mut Ebpf, name: &str, function: &str, ret: bool) -> anyh
             .with_context(|| format!("loading {name} (kprobe)"))?;
     }
     let kind = if ret { "kretprobe" } else { "kprobe" };
-    program
-        .attach(function, 0)
-        .with_context(|| format!("attaching a {kind} to {function}"))?;
+    if let Err(err) = program.attach(function, 0) {
+        // Leave nothing loaded that is not attached.
+        let _ = program.unload();
+        return Err(err).with_context(|| format!("attaching a {kind} to {function}"));
+    }
     Ok(())
 }

@@ -17,8 +17,8 @@ use aya::{
 use crate::backend::{Backend, Sources};
 use tap_probe_common::{
     DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, KernelFacts, MAP_COUNTERS,
-    MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_QUEUE_STATE, MAX_QUEUE_SLOTS,
-    PROG_CONSUME_SKB, QueueCounters,
+    MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE,
+    MAX_QUEUE_SLOTS, PROG_CONSUME_SKB, QueueCounters,
 };
 
 /// The kernel facts the programs need, from BTF and kallsyms.
@@ -52,6 +52,23 @@ pub fn consume_has_location() -> anyhow::Result<bool> {
     Ok(crate::btf::tracepoint_args(&btf, PROG_CONSUME_SKB.1)?.len() >= 2)
 }
 
+/// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
+/// as the returned descriptor is open; it costs two clock reads per program run.
+///
+/// # Errors
+/// When the kernel refuses `BPF_ENABLE_STATS`.
+pub fn enable_run_stats() -> anyhow::Result<std::os::fd::OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF run statistics")
+}
+
+/// One program's cost, as the kernel measured it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProgramStats {
+    pub program: String,
+    pub runs: u64,
+    pub mean_ns: u64,
+}
+
 /// Counters of one device, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
@@ -73,6 +90,8 @@ pub struct Probe {
     free: Vec<(u32, u32)>,
     /// Ranges freed since the last `retire_generation`.
     cooling: Vec<(u32, u32)>,
+    /// The value last written to `GENERATION`.
+    generation: u64,
 }
 
 impl Probe {
@@ -122,7 +141,31 @@ impl Probe {
             tracked: HashMap::new(),
             free: vec![(0, MAX_QUEUE_SLOTS)],
             cooling: Vec::new(),
+            generation: 0,
         })
+    }
+
+    /// The kernel's own accounting of each attached program: runs and time spent, which
+    /// the kernel keeps while [`enable_run_stats`] is held.
+    ///
+    /// # Errors
+    /// When a program's info cannot be read.
+    pub fn program_stats(&self) -> anyhow::Result<Vec<ProgramStats>> {
+        let mut out = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            let Ok(info) = program.info() else {
+                continue; // not loaded: this backend does not use it
+            };
+            let runs = info.run_count();
+            let ns = u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            out.push(ProgramStats {
+                program: name.to_owned(),
+                runs,
+                mean_ns: if runs == 0 { 0 } else { ns / runs },
+            });
+        }
+        out.sort_by(|a, b| a.program.cmp(&b.program));
+        Ok(out)
     }
 
     /// What feeds each counter.
@@ -157,7 +200,7 @@ impl Probe {
             BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
         devices.insert(key, slot, 0).context("adding a device")?;
         self.tracked.insert(key, slot);
-        Ok(())
+        self.next_generation()
     }
 
     /// Stops counting for a device; its slots are reused after the next generation.
@@ -175,6 +218,17 @@ impl Probe {
             Err(err) => return Err(err).context("removing a device"),
         }
         self.cooling.push((slot.base, slot.queues));
+        self.next_generation()
+    }
+
+    /// Invalidates the programs' per-CPU device caches: called after each change to the
+    /// device map, so no CPU keeps counting a device by a mapping that changed.
+    fn next_generation(&mut self) -> anyhow::Result<()> {
+        self.generation += 1;
+        let value = self.generation;
+        let mut generation: Array<&mut MapData, u64> =
+            Array::try_from(self.map_mut(MAP_GENERATION)?)?;
+        generation.set(0, value, 0)?;
         Ok(())
     }
 

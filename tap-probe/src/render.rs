@@ -56,11 +56,21 @@ impl Output {
     pub fn summary(&self, report: &Report) -> anyhow::Result<()> {
         let text = match self.format {
             Format::Json => json_line(report, true)?,
-            Format::Table => format!(
-                "\nFinal counters after {:.1} s:\n{}",
-                report.elapsed_s,
-                table(report, None)
-            ),
+            Format::Table => {
+                let mut t = format!(
+                    "\nFinal counters after {:.1} s:\n{}",
+                    report.elapsed_s,
+                    table(report, None)
+                );
+                for p in report.programs.iter().flatten() {
+                    let _ = writeln!(
+                        t,
+                        "program {:<20} {:>12} runs {:>6} ns/run",
+                        p.program, p.runs, p.mean_ns
+                    );
+                }
+                t
+            }
         };
         write_out(&text)
     }

@@ -130,5 +130,8 @@ pub struct Report {
     pub elapsed_s: f64,
     /// Which kernel hooks feed the counters.
     pub sources: crate::backend::Sources,
+    /// The programs' own cost, in the final report of `watch --program-stats`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub programs: Option<Vec<crate::probe::ProgramStats>>,
     pub rows: Vec<Row>,
 }

@@ -38,6 +38,10 @@ pub struct Args {
     /// counter (`tap-probe doctor` shows what this kernel allows).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
+    /// Also report what each eBPF program costs, as the kernel measures it (runs and mean
+    /// ns per run); turning the measurement on adds two clock reads per run.
+    #[arg(long)]
+    pub program_stats: bool,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -70,6 +74,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
         // held until the loop below and still ends in a clean detach.
         let mut stop = Stop::install()?;
+        let _stats = args
+            .program_stats
+            .then(crate::probe::enable_run_stats)
+            .transpose()?;
         let mut watcher = Watcher::with_backend(&filter, args.backend)?;
         log::info!("sources: {}", watcher.sources());
         let first = watcher.refresh()?;
@@ -91,7 +99,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             out.show(&report, Some(&previous))?;
             previous = report;
         }
-        let last = watcher.refresh()?;
+        let mut last = watcher.refresh()?;
+        if args.program_stats {
+            last.programs = Some(watcher.program_stats()?);
+        }
         out.summary(&last)
     })
 }
@@ -264,8 +275,17 @@ impl Watcher {
         Ok(Report {
             elapsed_s: self.started.elapsed().as_secs_f64(),
             sources: self.probe.sources().clone(),
+            programs: None,
             rows,
         })
+    }
+
+    /// What each attached program cost so far (see [`crate::probe::enable_run_stats`]).
+    ///
+    /// # Errors
+    /// When program info cannot be read.
+    pub fn program_stats(&self) -> anyhow::Result<Vec<crate::probe::ProgramStats>> {
+        self.probe.program_stats()
     }
 
     /// What feeds each counter.
