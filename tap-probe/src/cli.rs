@@ -24,6 +24,11 @@ pub enum Command {
     Doctor(crate::doctor::Args),
     /// Drive bounded traffic through a fresh tap in a private namespace and report rates.
     Load(crate::load::Args),
+    /// Record per-packet transmit events of tun/tap devices to a trace file.
+    Record(crate::record::Args),
+    /// Replay a trace (or a synthetic workload) under each queue policy: what would the
+    /// patched kernel have done?
+    Replay(crate::replay_cmd::Args),
 }
 
 /// Runs the chosen subcommand.
@@ -36,5 +41,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => crate::demo::run(&args),
         Command::Doctor(args) => crate::doctor::run(&args),
         Command::Load(args) => crate::load::run(&args),
+        Command::Record(args) => crate::record::run(&args),
+        Command::Replay(args) => crate::replay_cmd::run(&args),
     }
 }

@@ -70,9 +70,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let out = render::Output::new(args.format);
     if args.format == Format::Table {
         eprintln!(
-            "tap-probe demo: tap {} in network namespace {}, qdisc {:?}; a reader takes {} pkt/s \
+            "tap-probe demo: tap {} in network namespace {}, qdisc {}; a reader takes {} pkt/s \
              (an emulated slow VM) while {} pkt/s are sent for {} s. Ctrl-C stops early.",
-            device.name, device.netns_name, args.qdisc, args.reader_pps, args.pps, args.duration
+            device.name,
+            device.netns_name,
+            clap::ValueEnum::to_possible_value(&args.qdisc)
+                .map_or_else(String::new, |v| v.get_name().to_owned()),
+            args.reader_pps,
+            args.pps,
+            args.duration
         );
     }
     let mut previous = watcher.refresh()?;

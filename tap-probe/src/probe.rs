@@ -161,7 +161,7 @@ impl Probe {
             out.push(ProgramStats {
                 program: name.to_owned(),
                 runs,
-                mean_ns: if runs == 0 { 0 } else { ns / runs },
+                mean_ns: ns.checked_div(runs).unwrap_or(0),
             });
         }
         out.sort_by(|a, b| a.program.cmp(&b.program));

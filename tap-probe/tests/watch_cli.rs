@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
 use std::time::Duration;
 
@@ -193,7 +194,6 @@ fn without_privileges_the_error_names_the_capabilities() {
     }
     // setpriv (util-linux) drops to an unprivileged user with no capabilities; that user
     // may not reach the build directory, so it runs a copy in a world-readable place.
-    use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("tap-probe");
     std::fs::copy(BIN, &bin).unwrap();

@@ -5,6 +5,7 @@
 //! (building, background processes with bounded waits, medians, JSON output) lives here.
 
 mod overhead;
+mod replay;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -26,6 +27,8 @@ enum BenchKind {
     /// Throughput of `tap-probe load` with no probe, with `tap-probe watch`, and with an
     /// equivalent bpftrace one-liner.
     Overhead(overhead::Args),
+    /// Replay harness speed: in-memory replay events/s on one core, `--live` items/s.
+    Replay(replay::Args),
 }
 
 /// Runs `cargo xtask bench`.
@@ -37,6 +40,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
     match &args.kind {
         BenchKind::Overhead(args) => overhead::run(args),
+        BenchKind::Replay(args) => replay::run(args),
     }
 }
 

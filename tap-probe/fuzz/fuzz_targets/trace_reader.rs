@@ -1,0 +1,16 @@
+//! Any byte string given to the trace reader ends in records or an error: never a panic,
+//! never unbounded memory.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(reader) = tap_probe::trace_file::TraceReader::new(data) {
+        for record in reader {
+            if record.is_err() {
+                break;
+            }
+        }
+    }
+    let _ = tap_probe::replay::load_recording(data);
+});
