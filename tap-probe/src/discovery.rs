@@ -57,6 +57,8 @@ pub struct Device {
     /// `num_tx_queues`: every queue index the stack can pick. A multi-queue tap has 256
     /// of them whatever number of queues are attached.
     pub queues: u32,
+    /// Queues in use (`real_num_tx_queues`; for a multi-queue tap, the queues attached).
+    pub active_queues: u32,
     pub tx_queue_len: u32,
     pub owners: Vec<Owner>,
     pub stats: LinkStats,
@@ -174,6 +176,7 @@ impl Discovery {
                     netns: ns.name.clone(),
                     kind,
                     queues: link.num_tx_queues,
+                    active_queues: link.real_num_tx_queues,
                     tx_queue_len: link.tx_queue_len,
                     owners: Vec::new(),
                     stats: link.stats,
@@ -317,6 +320,7 @@ mod tests {
             netns: format!("ns{netns}"),
             kind,
             queues: 1,
+            active_queues: 1,
             tx_queue_len: 1000,
             owners: Vec::new(),
             stats: LinkStats::default(),

@@ -64,7 +64,7 @@ impl ReasonNames {
     }
 }
 
-/// The rows of one device.
+/// The rows of one device: its queues in use, and any other queue that counted something.
 #[must_use]
 pub fn device_rows(
     device: &Device,
@@ -79,6 +79,11 @@ pub fn device_rows(
         .iter()
         .zip(&counters.stopped_since)
         .enumerate()
+        .filter(|(queue, (c, since))| {
+            u32::try_from(*queue).is_ok_and(|q| q < device.active_queues.max(1))
+                || **c != QueueCounters::default()
+                || since.is_some()
+        })
         .map(|(queue, (c, since))| {
             let queue = u32::try_from(queue).unwrap_or(u32::MAX);
             let drop_reasons = counters

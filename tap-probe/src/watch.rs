@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use tap_probe_common::DeviceKey;
+use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE};
 
 use crate::backend::Backend;
 use crate::discovery::{Device, Discovery, Filter};
@@ -239,7 +239,10 @@ impl Watcher {
                     t
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    self.probe.track(key, device.queues)?;
+                    // A multi-queue tap has 256 queues whatever number is attached; count the
+                    // first MAX_QUEUES_PER_DEVICE (the eBPF side ignores queues beyond).
+                    self.probe
+                        .track(key, device.queues.min(MAX_QUEUES_PER_DEVICE))?;
                     let baseline = (device.stats.tx_packets, device.stats.tx_dropped);
                     e.insert(Tracked {
                         device,
