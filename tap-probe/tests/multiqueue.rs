@@ -20,21 +20,7 @@ fn per_queue_consumed_matches_each_readers_count() {
         return;
     }
     let ns = common::quiet_netns("mq").unwrap();
-    let tap = run_in(ns.path(), || {
-        let tap = Tap::create(
-            "tpm0",
-            TapOptions {
-                multi_queue: true,
-                queues: 2,
-                tun: false,
-            },
-        )?;
-        let mut rtnl = Rtnl::open()?;
-        rtnl.replace_root_qdisc(tap.ifindex(), RootQdisc::Noqueue)?;
-        rtnl.set_up(tap.ifindex())?;
-        Ok(tap)
-    })
-    .unwrap();
+    let tap = two_queue_tap(&ns);
     let filter = Filter {
         globs: vec!["tpm0".to_owned()],
         netns: Some(ns.name().to_owned()),
@@ -119,4 +105,21 @@ fn per_queue_consumed_matches_each_readers_count() {
     drop(watchers);
     drop(tap);
     drop(ns);
+}
+
+/// A tap with two queues (one fd each) in `ns`, without a qdisc, up.
+fn two_queue_tap(ns: &tap_probe::netns::NamedNetns) -> Tap {
+    run_in(ns.path(), || {
+        let opts = TapOptions {
+            multi_queue: true,
+            queues: 2,
+            tun: false,
+        };
+        let tap = Tap::create("tpm0", opts)?;
+        let mut rtnl = Rtnl::open()?;
+        rtnl.replace_root_qdisc(tap.ifindex(), RootQdisc::Noqueue)?;
+        rtnl.set_up(tap.ifindex())?;
+        Ok(tap)
+    })
+    .unwrap()
 }
