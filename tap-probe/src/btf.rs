@@ -431,7 +431,8 @@ mod tests {
             names.get(&facts.reason_full_ring).map(String::as_str),
             Some("full_ring")
         );
-        assert_eq!(names.get(&2).map(String::as_str), Some("not_specified"));
+        // Values move between kernels (6.1 has no SKB_CONSUMED), names do not.
+        assert!(names.values().any(|n| n == "not_specified"));
     }
 
     #[test]

@@ -555,9 +555,10 @@ fn ext_ack_message(flags: u16, payload: &[u8]) -> Option<String> {
 }
 
 fn set_recv_timeout(socket: &Socket, timeout: Duration) -> Result<()> {
+    // Field types differ between glibc and musl, so let inference pick them.
     let tv = libc::timeval {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_usec: libc::suseconds_t::from(timeout.subsec_micros().min(999_999).cast_signed()),
+        tv_sec: timeout.as_secs().try_into().unwrap_or(i32::MAX.into()),
+        tv_usec: timeout.subsec_micros().min(999_999).into(),
     };
     // SAFETY: `tv` is a valid timeval that outlives the call; the fd is open.
     let rc = unsafe {

@@ -19,9 +19,6 @@ use nix::sched::CloneFlags;
 /// Where `ip netns` keeps its bind mounts (iproute2 `NETNS_RUN_DIR`).
 pub const NETNS_RUN_DIR: &str = "/run/netns";
 
-/// `NSFS_MAGIC` from `include/uapi/linux/magic.h`: the filesystem type of a namespace file.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-
 /// The inode of the calling thread's network namespace; equals the kernel's `net->ns.inum`.
 ///
 /// `thread-self`, not `self`: namespaces are per thread, and [`run_in`] moves threads.
@@ -52,7 +49,8 @@ pub fn inode_of(path: &Path) -> Result<u32> {
 /// Whether `path` is a mounted namespace file rather than, say, the empty placeholder file
 /// left behind by an `ip netns add` that died half way.
 fn is_nsfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|fs| fs.filesystem_type().0 == NSFS_MAGIC)
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
 }
 
 /// Runs `f` on a scoped thread that first joined the network namespace at `ns_path`

@@ -28,6 +28,8 @@ pub const REORDER_WINDOW_NS: u64 = 10_000_000;
 pub const REORDER_MAX: usize = 1 << 20;
 /// How long the loop sleeps when the ring buffer is empty.
 const POLL_SLEEP: Duration = Duration::from_millis(2);
+/// How often `--wait` looks for matching devices.
+const WAIT_POLL: Duration = Duration::from_millis(50);
 /// How often the lost-event counter is read.
 const LOST_EVERY: Duration = Duration::from_millis(100);
 
@@ -46,6 +48,10 @@ pub struct Args {
     /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "SECS", value_parser = positive_secs)]
     pub duration: Option<f64>,
+    /// Start even if no device matches yet: attach, then wait for the first matching
+    /// devices to appear and record those (devices that appear later are not added).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -252,12 +258,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 async fn record(args: &Args, filter: Filter) -> anyhow::Result<()> {
     let mut stop = Stop::install()?;
     let mut discovery = Discovery::new(&filter)?;
-    let devices = discovery.scan()?;
-    if devices.is_empty() {
+    let mut devices = discovery.scan()?;
+    if devices.is_empty() && !args.wait {
         bail!(
             "no tun, tap, veth or macvtap device matches the filter; `tap-probe watch` lists \
-             what is there"
+             what is there (or pass --wait)"
         );
+    }
+    // Attach before waiting: attaching is the slow part (BTF), so a device that appears
+    // later is tracked within one poll, before its first packet in the usual case.
+    let facts = crate::probe::kernel_facts()?;
+    let mut probe = Probe::attach_recording(&facts)?;
+    if devices.is_empty() {
+        eprintln!("attached; waiting for a device that matches the filter");
+        while devices.is_empty() {
+            if stop.sleep(WAIT_POLL).await {
+                bail!("stopped before any device matched the filter; nothing was recorded");
+            }
+            devices = discovery.scan()?;
+        }
     }
     let header = Header {
         kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -284,8 +303,6 @@ async fn record(args: &Args, filter: Filter) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.output.display()))?;
     let mut recorder = Recorder::new(BufWriter::with_capacity(1 << 20, file), &header)?;
 
-    let facts = crate::probe::kernel_facts()?;
-    let mut probe = Probe::attach_recording(&facts)?;
     for d in &devices {
         probe.track(d.key, d.queues)?;
     }

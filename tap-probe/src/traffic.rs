@@ -198,7 +198,8 @@ fn send_batch(socket: BorrowedFd<'_>, frames: &mut [Vec<u8>]) -> std::result::Re
             socket.as_raw_fd(),
             msgs.as_mut_ptr(),
             len,
-            libc::MSG_DONTWAIT,
+            // c_int on glibc, c_uint on musl.
+            libc::MSG_DONTWAIT as _,
         )
     };
     // sendmmsg reports an error only if the first message failed; a later failure ends

@@ -11,8 +11,8 @@ use tap_probe::netlink::{RootQdisc, Rtnl};
 use tap_probe::netns::run_in;
 use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
 
-/// Frames sent; the tap's ring holds 500 (tun's default `tx_queue_len`), the reader takes a
-/// few thousand per second, so most of these are tail-dropped on a stock kernel.
+/// Frames sent; the tap's ring holds `tx_queue_len` entries (1000 by default), the reader
+/// takes a few thousand per second, so most of these are tail-dropped on a stock kernel.
 const FRAMES: u64 = 20_000;
 
 fn tap_with_slow_reader(qdisc: RootQdisc) {

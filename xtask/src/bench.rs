@@ -5,6 +5,7 @@
 //! (building, background processes with bounded waits, medians, JSON output) lives here.
 
 mod overhead;
+mod record;
 mod replay;
 
 use std::fs::File;
@@ -27,6 +28,9 @@ enum BenchKind {
     /// Throughput of `tap-probe load` with no probe, with `tap-probe watch`, and with an
     /// equivalent bpftrace one-liner.
     Overhead(overhead::Args),
+    /// Throughput of `tap-probe load` with no probe and with `tap-probe record`, and
+    /// whether the recording kept every event.
+    Record(record::Args),
     /// Replay harness speed: in-memory replay events/s on one core, `--live` items/s.
     Replay(replay::Args),
 }
@@ -40,6 +44,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
     match &args.kind {
         BenchKind::Overhead(args) => overhead::run(args),
+        BenchKind::Record(args) => record::run(args),
         BenchKind::Replay(args) => replay::run(args),
     }
 }
@@ -182,6 +187,24 @@ impl Drop for Proc {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A `tap-probe ... --format json` report: the whole of the file, or else its last line that
+/// parses as a JSON object.
+fn read_report(path: &Path) -> anyhow::Result<serde_json::Value> {
+    use serde_json::Value;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if let Ok(value @ Value::Object(_)) = serde_json::from_str(&text) {
+        return Ok(value);
+    }
+    text.lines()
+        .rev()
+        .find_map(|line| match serde_json::from_str(line) {
+            Ok(value @ Value::Object(_)) => Some(value),
+            _ => None,
+        })
+        .with_context(|| format!("{} holds no JSON report", path.display()))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ mod cmd;
 mod demo;
 mod setup;
 mod test;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -26,12 +27,16 @@ struct Cli {
 enum Command {
     /// Install what building and testing need (idempotent; quick when all is present).
     Setup(setup::Args),
-    /// Run setup, then fmt, clippy, unit tests and the privileged tests.
+    /// Run setup, then fmt, clippy, unit tests and the privileged tests (on the host, then
+    /// in a VM).
     Test(test::Args),
     /// Build tap-probe and run `tap-probe demo`.
     Demo(demo::Args),
     /// Run a benchmark and write its results as JSON.
     Bench(bench::Args),
+    /// Run the privileged tests in a QEMU guest with Debian 12's cloud kernel (kprobes,
+    /// fentry), after `--` arguments for the test binaries.
+    Vm(vm::Args),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +45,9 @@ fn main() -> ExitCode {
         Command::Test(args) => test::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Vm(args) => setup::run(&setup::Args {})
+            .and_then(|()| vm::run(&args))
+            .map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|err| {
         eprintln!("xtask: error: {err:#}");

@@ -16,8 +16,20 @@ const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];
 const BPF_LINKER_VERSION: &str = "0.10.3";
 
 /// Debian packages: iproute2 (`ip`, `tc` for test hosts), bpftrace (the overhead
-/// benchmark's reference tracer).
-const APT_PACKAGES: &[&str] = &["iproute2", "bpftrace"];
+/// benchmark's reference tracer); for `cargo xtask vm`: QEMU, a static busybox for the
+/// guest's init, xz-utils for compressed kernel modules, binutils' `strip` to shrink the
+/// guest's binaries.
+const APT_PACKAGES: &[&str] = &[
+    "iproute2",
+    "bpftrace",
+    "qemu-system-x86",
+    "busybox-static",
+    "xz-utils",
+    "binutils",
+];
+
+/// Rust targets: static musl binaries for the VM guest, which has no libc.
+const RUST_TARGETS: &[&str] = &["x86_64-unknown-linux-musl"];
 
 /// aya attaches classic tracepoints through tracefs, which is not mounted by default here.
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -36,6 +48,9 @@ pub fn run(_args: &Args) -> anyhow::Result<()> {
     let mut done = Vec::new();
     if nightly_components()? {
         done.push("nightly components");
+    }
+    if rust_targets()? {
+        done.push("rust targets");
     }
     if bpf_linker()? {
         done.push("bpf-linker");
@@ -94,6 +109,21 @@ fn is_component(line: &str, component: &str) -> bool {
             .strip_prefix(component)
             .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|triple| triple.matches('-').count() >= 2)
+}
+
+fn rust_targets() -> anyhow::Result<bool> {
+    let installed = cmd::probe(cmd::new("rustup").args(["target", "list", "--installed"]))
+        .context("`rustup target list --installed` failed")?;
+    let missing: Vec<&str> = RUST_TARGETS
+        .iter()
+        .copied()
+        .filter(|target| !installed.lines().any(|line| line.trim() == *target))
+        .collect();
+    if missing.is_empty() {
+        return Ok(false);
+    }
+    cmd::run(cmd::new("rustup").args(["target", "add"]).args(&missing))?;
+    Ok(true)
 }
 
 fn bpf_linker() -> anyhow::Result<bool> {

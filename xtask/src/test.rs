@@ -1,9 +1,11 @@
 //! `cargo xtask test`: the whole test pipeline, as CI runs it. Stages run in order and the
 //! first failure stops the run.
 
+use std::fmt::Write as _;
+
 use anyhow::bail;
 
-use crate::{cmd, setup};
+use crate::{cmd, setup, vm};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -11,6 +13,23 @@ pub struct Args {
     /// load eBPF programs).
     #[arg(long)]
     no_privileged: bool,
+    /// Skip the privileged tests in a QEMU guest with Debian 12's kernel (`cargo xtask vm`).
+    #[arg(long)]
+    no_vm: bool,
+}
+
+impl Args {
+    /// The stages these flags skip, each with the flag that skips it.
+    fn skipped(&self) -> Vec<(&'static str, &'static str)> {
+        let mut skipped = Vec::new();
+        if self.no_privileged {
+            skipped.push(("privileged-tests", "--no-privileged"));
+        }
+        if self.no_vm {
+            skipped.push(("vm", "--no-vm"));
+        }
+        skipped
+    }
 }
 
 /// One stage of the pipeline.
@@ -71,10 +90,46 @@ const STAGES: &[Stage] = &[
         run: || cmd::run(cmd::cargo().args(["test", "--workspace", "--exclude", "tap-probe-ebpf"])),
     },
     Stage {
+        name: "fuzz-smoke",
+        run: fuzz_smoke,
+    },
+    Stage {
         name: "privileged-tests",
         run: privileged_tests,
     },
+    Stage {
+        // The same tests in a guest whose kernel has kprobes and fentry (this host's has
+        // neither); needs no root on the host.
+        name: "vm",
+        run: || vm::run(&vm::Args::default()),
+    },
 ];
+
+/// Seconds the trace reader's fuzz target runs in the pipeline.
+const FUZZ_SMOKE_SECS: u32 = 20;
+
+/// A short run of the trace reader's fuzz target (`tap-probe/fuzz`): libFuzzer needs
+/// nightly and cargo-fuzz, installed here when missing. The committed seeds are a starting
+/// corpus; what the run finds stays in the (ignored) `corpus/` directory.
+fn fuzz_smoke() -> anyhow::Result<()> {
+    if cmd::probe(cmd::cargo().args(["fuzz", "--version"])).is_none() {
+        cmd::run(cmd::cargo().args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    let dir = cmd::workspace_root().join("tap-probe/fuzz");
+    let corpus = dir.join("corpus/trace_reader");
+    std::fs::create_dir_all(&corpus)?;
+    cmd::run(
+        cmd::cargo()
+            .env("AYA_BUILD_SKIP", "1")
+            .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
+            .arg(&dir)
+            .arg("trace_reader")
+            .arg(&corpus)
+            .arg(dir.join("seeds"))
+            .arg("--")
+            .arg(format!("-max_total_time={FUZZ_SMOKE_SECS}")),
+    )
+}
 
 fn privileged_tests() -> anyhow::Result<()> {
     if !cmd::is_root() {
@@ -100,30 +155,31 @@ fn privileged_tests() -> anyhow::Result<()> {
 /// # Errors
 /// The first stage that fails.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    let skipped = args.skipped();
     let mut passed = Vec::new();
     for stage in STAGES {
-        if args.no_privileged && stage.name == "privileged-tests" {
+        if skipped.iter().any(|(name, _)| *name == stage.name) {
             continue;
         }
         eprintln!("==> xtask test: {}", stage.name);
         if let Err(err) = (stage.run)() {
-            eprintln!("{}", summary(&passed, Some(stage.name), args.no_privileged));
+            eprintln!("{}", summary(&passed, Some(stage.name), &skipped));
             return Err(err.context(format!("stage `{}` failed", stage.name)));
         }
         passed.push(stage.name);
     }
-    println!("{}", summary(&passed, None, args.no_privileged));
+    println!("{}", summary(&passed, None, &skipped));
     Ok(())
 }
 
-fn summary(passed: &[&str], failed: Option<&str>, no_privileged: bool) -> String {
+fn summary(passed: &[&str], failed: Option<&str>, skipped: &[(&str, &str)]) -> String {
     let mut line = format!("xtask test: stages passed: {}", list(passed));
     if let Some(failed) = failed {
         line.push_str("; stage failed: ");
         line.push_str(failed);
     }
-    if no_privileged {
-        line.push_str("; privileged-tests skipped (--no-privileged)");
+    for (name, flag) in skipped {
+        let _ = write!(line, "; {name} skipped ({flag})");
     }
     line
 }

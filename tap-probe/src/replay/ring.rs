@@ -102,11 +102,13 @@ impl PtrRing {
             return false;
         }
         // `size > 0` here: a zero-sized ring is always full.
-        self.values[self.producer as usize] = value;
-        self.producer += 1;
-        if self.producer >= self.size {
-            self.producer = 0;
-        }
+        let i = self.producer as usize;
+        debug_assert!(i < self.values.len());
+        // SAFETY: `producer` is in `0..size` (it wraps to 0 on reaching `size`, below) and
+        // `values` has `size` slots.
+        unsafe { *self.values.get_unchecked_mut(i) = value };
+        let next = self.producer + 1;
+        self.producer = if next >= self.size { 0 } else { next };
         self.filled += 1;
         self.avail += 1;
         true
@@ -118,20 +120,20 @@ impl PtrRing {
         if self.avail == 0 {
             return None;
         }
-        let value = self.values[self.consumer_head as usize];
+        let i = self.consumer_head as usize;
+        debug_assert!(i < self.values.len());
+        // SAFETY: `consumer_head` is in `0..size` (it wraps to 0 on reaching `size`, below)
+        // and `values` has `size` slots.
+        let value = unsafe { *self.values.get_unchecked(i) };
         self.avail -= 1;
-        // __ptr_ring_discard_one.
+        // __ptr_ring_discard_one: zero a batch, or everything consumed at the array's end.
         let head = self.consumer_head + 1;
-        if head - self.consumer_tail >= self.batch || head >= self.size {
+        let wrap = head >= self.size;
+        if head - self.consumer_tail >= self.batch || wrap {
             self.filled -= head - self.consumer_tail;
-            self.consumer_tail = head;
+            self.consumer_tail = if wrap { 0 } else { head };
         }
-        if head >= self.size {
-            self.consumer_tail = 0;
-            self.consumer_head = 0;
-        } else {
-            self.consumer_head = head;
-        }
+        self.consumer_head = if wrap { 0 } else { head };
         Some(value)
     }
 

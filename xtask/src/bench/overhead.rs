@@ -200,7 +200,7 @@ fn run_once(round: u32, variant: Variant, duration: u32, dir: &Path) -> anyhow::
     if let Some(observer) = observer {
         observer.stop()?;
     }
-    let report = read_report(&report_path)?;
+    let report = super::read_report(&report_path)?;
     if variant == Variant::TapProbe {
         check_watch_counted(&dir.join(format!("{tag}-watch.jsonl")), &report)?;
     }
@@ -334,23 +334,6 @@ fn check_watch_counted(watch_out: &Path, report: &Value) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The load's JSON report: the whole of its stdout, or else its last line that parses as
-/// a JSON object.
-fn read_report(path: &Path) -> anyhow::Result<Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    if let Ok(value @ Value::Object(_)) = serde_json::from_str(&text) {
-        return Ok(value);
-    }
-    text.lines()
-        .rev()
-        .find_map(|line| match serde_json::from_str(line) {
-            Ok(value @ Value::Object(_)) => Some(value),
-            _ => None,
-        })
-        .with_context(|| format!("{} holds no JSON report", path.display()))
 }
 
 fn summarize(args: &Args, runs: Vec<Run>) -> Results {
