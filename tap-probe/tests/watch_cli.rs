@@ -279,3 +279,67 @@ fn assert_no_probe_left(before: &std::collections::BTreeSet<u32>) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("backend").unwrap();
+    let _tap = common::tap_in(&ns, "tpb0", RootQdisc::Noqueue).unwrap();
+    let watch = |backend: &str| {
+        Command::new(BIN)
+            .args([
+                "watch",
+                "--dev",
+                "tpb0",
+                "--netns",
+                ns.name(),
+                "--format",
+                "json",
+            ])
+            .args([
+                "--duration",
+                "0.5",
+                "--interval",
+                "0.2",
+                "--backend",
+                backend,
+            ])
+            .output()
+            .unwrap()
+    };
+    // No kernel here can run fentry programs on tun (see tap_probe::backend).
+    let out = watch("fentry");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("fentry backend is not available"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let out = watch("auto");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let sources = &last["sources"];
+    assert!(
+        sources["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("fentry:")),
+        "auto says why it did not use fentry: {sources}"
+    );
+    for counter in ["xmit", "drops", "consumed", "queue_state"] {
+        assert!(
+            sources[counter].as_str().is_some_and(|s| !s.is_empty()),
+            "{counter}: {sources}"
+        );
+    }
+}
