@@ -440,7 +440,8 @@ must mount -t proc proc /proc
 must mount -t sysfs sysfs /sys
 must mount -t devtmpfs devtmpfs /dev
 must mount -t tmpfs tmpfs /run
-must mount -t tmpfs tmpfs /tmp
+# No tmpfs on /tmp: the initramfs root is in memory already, and the test binaries expect
+# tap-probe at its host path, which may lie under /tmp.
 must mount -t tracefs tracefs /sys/kernel/tracing
 must mount -t debugfs debugfs /sys/kernel/debug
 must mount -t bpf bpf /sys/fs/bpf
