@@ -252,6 +252,17 @@ fn strip_modifiers(btf: &Btf, mut ty: Type) -> Result<Type> {
 /// All `(name, value)` pairs of `enum name` (32- or 64-bit). Values of signed enums are
 /// sign-extended.
 fn enum_members(btf: &Btf, name: &str) -> Result<Vec<(String, i128)>> {
+    // BTF stores signed values as their bits: sign-extend from the enum's width.
+    #[expect(
+        clippy::cast_possible_wrap,
+        clippy::cast_possible_truncation,
+        reason = "reinterpreting the stored bits of a 32- or 64-bit value"
+    )]
+    let value = |raw: u64, signed: bool, bits: u32| match (signed, bits) {
+        (true, 32) => i128::from(raw as u32 as i32),
+        (true, _) => i128::from(raw as i64),
+        (false, _) => i128::from(raw),
+    };
     for ty in btf.resolve_types_by_name(name).unwrap_or_default() {
         match ty {
             Type::Enum(e) => {
@@ -259,19 +270,7 @@ fn enum_members(btf: &Btf, name: &str) -> Result<Vec<(String, i128)>> {
                 return e
                     .members
                     .iter()
-                    .map(|m| {
-                        let raw = m.val();
-                        #[expect(
-                            clippy::cast_possible_wrap,
-                            reason = "BTF stores signed values as their bits"
-                        )]
-                        let value = if signed {
-                            i128::from(raw as i32)
-                        } else {
-                            i128::from(raw)
-                        };
-                        Ok((btf.resolve_name(m)?, value))
-                    })
+                    .map(|m| Ok((btf.resolve_name(m)?, value(u64::from(m.val()), signed, 32))))
                     .collect();
             }
             Type::Enum64(e) => {
@@ -279,19 +278,7 @@ fn enum_members(btf: &Btf, name: &str) -> Result<Vec<(String, i128)>> {
                 return e
                     .members
                     .iter()
-                    .map(|m| {
-                        let raw = m.val();
-                        #[expect(
-                            clippy::cast_possible_wrap,
-                            reason = "BTF stores signed values as their bits"
-                        )]
-                        let value = if signed {
-                            i128::from(raw as i64)
-                        } else {
-                            i128::from(raw)
-                        };
-                        Ok((btf.resolve_name(m)?, value))
-                    })
+                    .map(|m| Ok((btf.resolve_name(m)?, value(m.val(), signed, 64))))
                     .collect();
             }
             _ => {}
