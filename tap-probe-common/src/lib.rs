@@ -22,6 +22,7 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_DROP_REASONS: &str = "DROP_REASONS";
 pub const MAP_QUEUE_STATE: &str = "QUEUE_STATE";
 pub const MAP_IN_FLIGHT: &str = "IN_FLIGHT";
+pub const MAP_READERS: &str = "READERS";
 pub const GLOBAL_KERNEL: &str = "KERNEL";
 
 /// The tracepoint programs of the host backend, with the tracepoint each attaches to.
@@ -74,6 +75,23 @@ pub struct QueueCounters {
     pub queue_wakes: u64,
     /// Nanoseconds spent stopped, summed over completed stop..wake intervals.
     pub stopped_ns: u64,
+    /// Times the queue's reader slept between two packets it took: the growth of the
+    /// reader thread's voluntary context switches (`task_struct.nvcsw`) from one take to the
+    /// next. Each is a read that found the ring empty and waited, ended by one wake-up, so
+    /// `reader_sleeps / consumed` is the wake-ups per packet delivered.
+    pub reader_sleeps: u64,
+}
+
+/// The last reader of a queue, at its last take: whose voluntary context switches to
+/// compare at its next take. Shared across CPUs, since a reader thread migrates.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReaderState {
+    /// Thread id; 0 before the first take.
+    pub tid: u32,
+    pub reserved: u32,
+    /// Its `task_struct.nvcsw` at that take.
+    pub nvcsw: u64,
 }
 
 /// Pseudo drop reason for a driver return code that is neither `NETDEV_TX_OK` nor
@@ -142,17 +160,20 @@ pub struct KernelFacts {
     pub tx_busy: u32,
     /// `1 << __QUEUE_STATE_DRV_XOFF`, as a mask of `netdev_queue.state`.
     pub drv_xoff_mask: u32,
+    /// `offsetof(struct task_struct, nvcsw)` (an `unsigned long`).
+    pub task_nvcsw: u32,
     /// Number of valid entries in `reader_ranges`.
     pub reader_range_count: u32,
-    /// Explicit padding so `reader_ranges` is 8-byte aligned on both sides; always 0.
-    pub reserved: u32,
     /// Kernel functions from which `consume_skb` means "the tap reader took this packet".
     pub reader_ranges: [TextRange; MAX_READER_RANGES],
 }
 
 #[cfg(feature = "user")]
 mod pod {
-    use super::{DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, QueueCounters, TraceEvent};
+    use super::{
+        DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, QueueCounters, ReaderState,
+        TraceEvent,
+    };
 
     // SAFETY: all are `#[repr(C)]`, made of integers, with no implicit padding.
     unsafe impl aya::Pod for DeviceKey {}
@@ -160,6 +181,7 @@ mod pod {
     unsafe impl aya::Pod for QueueCounters {}
     unsafe impl aya::Pod for DropKey {}
     unsafe impl aya::Pod for InFlight {}
+    unsafe impl aya::Pod for ReaderState {}
     unsafe impl aya::Pod for KernelFacts {}
     unsafe impl aya::Pod for TraceEvent {}
 }

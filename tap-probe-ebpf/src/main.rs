@@ -7,7 +7,10 @@
 #![no_main]
 
 use aya_ebpf::{
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
     macros::{btf_tracepoint, fentry, kprobe, kretprobe, map, raw_tracepoint, tracepoint, xdp},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{
@@ -18,7 +21,7 @@ use aya_ebpf::{
 use tap_probe_common::{
     DROP_REASON_XMIT_ERROR, DeviceCache, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES,
     EventKind, InFlight, KernelFacts, MAX_DEVICES, MAX_DROP_KEYS, MAX_QUEUE_SLOTS,
-    MAX_READER_RANGES, QueueCounters, TraceEvent,
+    MAX_READER_RANGES, QueueCounters, ReaderState, TraceEvent,
 };
 
 /// Filled in by the loader before load (it lands in `.rodata`); read field by field with
@@ -53,6 +56,13 @@ static QUEUE_STATE: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
 
 #[map]
 static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per queue slot: its reader at the last take. Shared between CPUs without atomics: a
+/// queue's reader is one thread (a tap queue is one file, read by the thread that owns it),
+/// and its takes do not overlap; two threads taking turns on one queue only reset each
+/// other's baseline, so sleeps are then undercounted, never invented.
+#[map]
+static READERS: Array<ReaderState> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
 
 /// 1 when `tap-probe record` wants per-packet events; set by the loader.
 #[unsafe(no_mangle)]
@@ -359,8 +369,35 @@ fn freed_after_use(skb: u64, location: u64) {
     };
     if let Some(c) = counters(at.slot) {
         c.consumed += 1;
+        c.reader_sleeps += reader_sleeps_since_last_take(at.slot);
         record(at, EventKind::Consumed, 0);
     }
+}
+
+/// Called in the reader's context at each take: how many times the current thread slept
+/// voluntarily since its previous take from the same queue (0 at its first take).
+#[inline(always)]
+fn reader_sleeps_since_last_take(slot: u32) -> u64 {
+    // The low half of pid_tgid is the thread id.
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the helper returns the running task, valid for the program's duration.
+    let task = unsafe { bpf_get_current_task() };
+    let Some(nvcsw) = read::<u64>(task, fact!(task_nvcsw)) else {
+        return 0;
+    };
+    let Some(last) = READERS.get_ptr_mut(slot) else {
+        return 0;
+    };
+    // SAFETY: see READERS.
+    let last = unsafe { &mut *last };
+    let slept = if last.tid == tid {
+        nvcsw.wrapping_sub(last.nvcsw)
+    } else {
+        last.tid = tid;
+        0
+    };
+    last.nvcsw = nvcsw;
+    slept
 }
 
 /// `consume_skb(skb, location)`: the tracepoint source of reader takes (Linux >= 6.3, where

@@ -57,8 +57,8 @@ pub fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
                 anyhow!("__QUEUE_STATE_DRV_XOFF is {bit}: does not fit a 32-bit state mask")
             })?
         },
+        task_nvcsw: offset_of(btf, "task_struct", &["nvcsw"])?,
         reader_range_count: 0,
-        reserved: 0,
         reader_ranges: Default::default(),
     })
 }

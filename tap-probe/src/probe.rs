@@ -18,7 +18,7 @@ use crate::backend::{Backend, Sources};
 use tap_probe_common::{
     DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, KernelFacts, MAP_COUNTERS,
     MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE,
-    MAX_QUEUE_SLOTS, PROG_CONSUME_SKB, QueueCounters,
+    MAP_READERS, MAX_QUEUE_SLOTS, PROG_CONSUME_SKB, QueueCounters, ReaderState,
 };
 
 /// The kernel facts the programs need, from BTF and kallsyms.
@@ -262,6 +262,11 @@ impl Probe {
         for slot in base..base + len {
             state.set(slot, 0, 0)?;
         }
+        let mut readers: Array<&mut MapData, ReaderState> =
+            Array::try_from(self.map_mut(MAP_READERS)?)?;
+        for slot in base..base + len {
+            readers.set(slot, ReaderState::default(), 0)?;
+        }
         let mut reasons: PerCpuHashMap<&mut MapData, DropKey, u64> =
             PerCpuHashMap::try_from(self.map_mut(MAP_DROP_REASONS)?)?;
         let leftover: Vec<DropKey> = reasons
@@ -356,6 +361,7 @@ fn sum<'a>(per_cpu: impl Iterator<Item = &'a QueueCounters>) -> QueueCounters {
         a.queue_stops += c.queue_stops;
         a.queue_wakes += c.queue_wakes;
         a.stopped_ns += c.stopped_ns;
+        a.reader_sleeps += c.reader_sleeps;
         a
     })
 }
@@ -376,6 +382,7 @@ mod tests {
             queue_stops: 7,
             queue_wakes: 8,
             stopped_ns: 9,
+            reader_sleeps: 10,
         };
         let two = sum([one, one].iter());
         assert_eq!(
@@ -390,6 +397,7 @@ mod tests {
                 queue_stops: 14,
                 queue_wakes: 16,
                 stopped_ns: 18,
+                reader_sleeps: 20,
             }
         );
     }

@@ -95,7 +95,7 @@ pub fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
     Ok(format!("{value}\n"))
 }
 
-const HEADER: [&str; 16] = [
+const HEADER: [&str; 17] = [
     "DEVICE",
     "NETNS",
     "KIND",
@@ -110,6 +110,7 @@ const HEADER: [&str; 16] = [
     "STOPS",
     "WAKES",
     "STOPPED",
+    "SLEEPS",
     "K_TX_PKTS",
     "K_TX_DROP",
 ];
@@ -169,6 +170,10 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
                 row.stopped_ns as f64 / 1e9,
                 if row.stopped { "*" } else { "" }
             ),
+            match row.wakeups_per_packet {
+                Some(per_packet) => format!("{} ({per_packet:.2}/pkt)", count(row.reader_sleeps)),
+                None => count(row.reader_sleeps),
+            },
             count(row.kernel.tx_packets),
             count(row.kernel.tx_dropped),
         ]);
@@ -199,6 +204,12 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
+    footer(report, &mut out);
+    out
+}
+
+/// Below the table: what it cannot show in columns, and where the counters come from.
+fn footer(report: &Report, out: &mut String) {
     if report.rows.is_empty() {
         out.push_str("(no matching device yet)\n");
     }
@@ -216,10 +227,10 @@ pub fn table(report: &Report, previous: Option<&Report>) -> String {
     }
     let _ = writeln!(
         out,
-        "{:.1} s since attach; STOPPED * = stopped now\nsources: {}",
+        "{:.1} s since attach; STOPPED * = stopped now; SLEEPS = times the reader slept \
+         between two packets (each ended by a wake-up)\nsources: {}",
         report.elapsed_s, report.sources
     );
-    out
 }
 
 /// A count in at most 6 characters: 999, 12.3k, 4.56M.

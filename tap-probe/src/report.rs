@@ -40,6 +40,10 @@ pub struct Row {
     pub stopped_ns: u64,
     /// Whether the queue is stopped as last observed.
     pub stopped: bool,
+    /// Times the reader slept between two takes (see `QueueCounters::reader_sleeps`).
+    pub reader_sleeps: u64,
+    /// `reader_sleeps / consumed`: wake-ups per packet delivered; absent before any take.
+    pub wakeups_per_packet: Option<f64>,
     /// Per device: the same on every queue row of the device, since the kernel keeps no
     /// per-queue transmit statistics for these devices.
     pub kernel: KernelDeltas,
@@ -102,6 +106,7 @@ pub fn device_rows(
                 queue_stops,
                 queue_wakes,
                 stopped_ns,
+                reader_sleeps,
             } = *c;
             Row {
                 ifname: device.name.clone(),
@@ -121,6 +126,9 @@ pub fn device_rows(
                 queue_wakes,
                 stopped_ns: stopped_ns + since.map_or(0, |s| now_ns.saturating_sub(s)),
                 stopped: since.is_some(),
+                reader_sleeps,
+                #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
+                wakeups_per_packet: (consumed > 0).then(|| reader_sleeps as f64 / consumed as f64),
                 kernel,
                 retired,
             }

@@ -127,3 +127,98 @@ fn tap_noqueue_counters_match_kernel() {
 fn tap_pfifo_fast_counters_match_kernel() {
     tap_with_slow_reader(RootQdisc::PfifoFast);
 }
+
+/// Frames of the reader-sleep test, sent at a pace the reader outruns, so that it finds the
+/// ring empty and sleeps between most of them.
+const PACED_FRAMES: u64 = 600;
+
+/// A thread's voluntary context switches, as the kernel counts them
+/// (`voluntary_ctxt_switches` in `/proc/thread-self/status`), read through a file opened in
+/// advance so that the reading itself cannot sleep in a path lookup.
+fn voluntary_switches(status: &std::fs::File) -> u64 {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = vec![0u8; 4096];
+    let n = status.read_at(&mut buf, 0).unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    text.lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .expect("voluntary_ctxt_switches in /proc/thread-self/status")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `reader_sleeps` against the reader thread's own voluntary context switches, counted by
+/// the kernel from its first take to its last: a reader that blocks in `read` sleeps only
+/// when the ring is empty, so the two must be equal.
+#[test]
+fn reader_sleeps_match_the_readers_context_switches() {
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("sleep").unwrap();
+    let tap = common::tap_in(&ns, "tps0", RootQdisc::Noqueue).unwrap();
+    let filter = Filter {
+        globs: vec!["tps0".to_owned()],
+        netns: Some(ns.name().to_owned()),
+    };
+    let mut watchers = common::watchers(&filter);
+    for (_, w) in &mut watchers {
+        w.refresh().unwrap();
+    }
+
+    let (reads, switches, sent) = std::thread::scope(|s| {
+        let reader = s.spawn(|| -> anyhow::Result<(u64, u64)> {
+            let status = std::fs::File::open("/proc/thread-self/status")?;
+            let fd = tap.queue_fd(0);
+            let mut buf = vec![0u8; 65_536];
+            let mut reads = 0;
+            let mut first = None;
+            let mut last = 0;
+            while reads < PACED_FRAMES {
+                // A blocking read; the bounded poll first only keeps a lost frame from
+                // hanging the test (it sleeps exactly where the read would have).
+                let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+                if nix::poll::poll(&mut fds, 5_000u16)? == 0 {
+                    break;
+                }
+                nix::unistd::read(fd, &mut buf)?;
+                reads += 1;
+                last = voluntary_switches(&status);
+                first.get_or_insert(last);
+            }
+            Ok((reads, last - first.unwrap_or(last)))
+        });
+        let cfg = SenderConfig {
+            batch: 1,
+            pps: Some(2_000),
+            ..SenderConfig::new(tap.ifindex(), PACED_FRAMES, Duration::from_secs(20))
+        };
+        let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+        let (reads, switches) = reader.join().unwrap().unwrap();
+        (reads, switches, sent)
+    });
+    assert_eq!(sent.sent, PACED_FRAMES, "{sent:?}");
+    assert_eq!(reads, PACED_FRAMES, "the reader took every frame");
+    assert!(
+        switches > PACED_FRAMES / 10,
+        "the reader slept only {switches} times: it never waited on an empty ring"
+    );
+
+    let mut rows = Vec::new();
+    for (backend, w) in &mut watchers {
+        let row = w.refresh().unwrap().rows[0].clone();
+        eprintln!("{backend:?}: {row:#?}");
+        assert_eq!(row.consumed, reads, "{backend:?}");
+        assert_eq!(row.consumed, row.kernel.tx_packets, "{backend:?}");
+        assert_eq!(
+            row.reader_sleeps, switches,
+            "{backend:?}: reader sleeps vs the reader's voluntary context switches"
+        );
+        rows.push((*backend, row));
+    }
+    common::assert_backends_agree(&rows);
+    drop(watchers);
+    drop(tap);
+    drop(ns);
+}

@@ -103,6 +103,8 @@ fn json_lines_carry_every_field() {
             "queue_stops",
             "queue_wakes",
             "stopped_ns",
+            "reader_sleeps",
+            "wakeups_per_packet",
         ] {
             assert!(row.get(field).is_some(), "missing {field} in {row}");
         }

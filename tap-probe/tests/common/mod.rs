@@ -75,7 +75,7 @@ pub fn watchers(
 }
 
 /// The counters of a row, without its labels, to compare backends.
-pub fn counters(row: &tap_probe::report::Row) -> [u64; 9] {
+pub fn counters(row: &tap_probe::report::Row) -> [u64; 10] {
     [
         row.xmit_calls,
         row.enqueued,
@@ -86,6 +86,7 @@ pub fn counters(row: &tap_probe::report::Row) -> [u64; 9] {
         row.queue_stops,
         row.queue_wakes,
         u64::from(row.stopped),
+        row.reader_sleeps,
     ]
 }
 
