@@ -12,6 +12,7 @@ pub mod netlink;
 pub mod netns;
 pub mod privileges;
 pub mod probe;
+pub mod prometheus;
 pub mod record;
 pub mod render;
 pub mod replay;

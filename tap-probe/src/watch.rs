@@ -42,6 +42,11 @@ pub struct Args {
     /// ns per run); turning the measurement on adds two clock reads per run.
     #[arg(long)]
     pub program_stats: bool,
+    /// Also serve the counters for Prometheus at `http://ADDR/metrics`, refreshed every
+    /// interval (ADDR as IP:PORT, e.g. 127.0.0.1:9464; port 0 picks a free one, printed on
+    /// stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub prometheus: Option<std::net::SocketAddr>,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -74,6 +79,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
         // held until the loop below and still ends in a clean detach.
         let mut stop = Stop::install()?;
+        let exporter = match args.prometheus {
+            Some(addr) => Some(crate::prometheus::Exporter::bind(addr).await?),
+            None => None,
+        };
         let _stats = args
             .program_stats
             .then(crate::probe::enable_run_stats)
@@ -83,6 +92,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let first = watcher.refresh()?;
         if first.rows.is_empty() && !args.wait {
             bail!("{}", watcher.nothing_matches()?);
+        }
+        if let Some(exporter) = &exporter {
+            exporter.publish(&first);
+            eprintln!(
+                "tap-probe: serving metrics on http://{}/metrics",
+                exporter.addr()
+            );
         }
         let out = render::Output::new(args.format);
         out.show(&first, None)?;
@@ -96,6 +112,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 break;
             }
             let report = watcher.refresh()?;
+            if let Some(exporter) = &exporter {
+                exporter.publish(&report);
+            }
             out.show(&report, Some(&previous))?;
             previous = report;
         }

@@ -345,3 +345,135 @@ fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
         );
     }
 }
+
+/// Kills a `tap-probe` child if the test fails before it is reaped.
+struct ChildGuard(Option<std::process::Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One scrape: the status line and the body.
+fn scrape(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+/// The value of the sample of `family` for `device`, if the body has one.
+fn sample(body: &str, family: &str, device: &str) -> Option<u64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .find(|l| l.contains(&format!("device=\"{device}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().unwrap())
+}
+
+#[test]
+fn prometheus_endpoint_serves_the_counters() {
+    const FRAMES: u64 = 500;
+    if common::skip_unless_root() {
+        return;
+    }
+    let ns = common::quiet_netns("prom").unwrap();
+    let tap = common::tap_in(&ns, "tpp0", RootQdisc::Noqueue).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["watch", "--dev", "tpp0", "--netns", ns.name()])
+        .args(["--interval", "0.2", "--prometheus", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut guard = ChildGuard(Some(child));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("watch announces its metrics address");
+        if let Some(rest) = line.split_once("serving metrics on http://") {
+            break rest.1.trim_end_matches("/metrics").to_owned();
+        }
+    };
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let read = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let cfg = tap_probe::traffic::ReaderConfig {
+                pps: None,
+                deadline: Duration::from_secs(20),
+                max_packets: Some(FRAMES),
+            };
+            tap_probe::traffic::read(tap.queue_fd(0), &cfg, &stop)
+        });
+        let cfg = tap_probe::traffic::SenderConfig {
+            batch: 1,
+            pps: Some(5_000),
+            ..tap_probe::traffic::SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(10))
+        };
+        let sent = tap_probe::netns::run_in(ns.path(), || tap_probe::traffic::send(&cfg)).unwrap();
+        assert_eq!(sent.sent, FRAMES, "{sent:?}");
+        reader.join().unwrap().unwrap()
+    });
+    assert_eq!(read.packets, FRAMES);
+
+    // The exporter serves the last refresh: wait (bounded) for one after the traffic.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (status, body) = scrape(&addr, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        if sample(&body, "tap_probe_kernel_tx_packets_total", "tpp0") == Some(FRAMES) {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scrape never showed the traffic:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for family in [
+        "tap_probe_xmit_calls_total",
+        "tap_probe_enqueued_total",
+        "tap_probe_consumed_total",
+    ] {
+        assert_eq!(
+            sample(&body, family, "tpp0"),
+            Some(FRAMES),
+            "{family}:\n{body}"
+        );
+    }
+    assert_eq!(
+        sample(&body, "tap_probe_dropped_full_ring_total", "tpp0"),
+        Some(0)
+    );
+    assert_eq!(scrape(&addr, "/").0, "HTTP/1.1 404 Not Found");
+
+    let child = guard.0.take().unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "watch exits cleanly on SIGTERM");
+    drop(tap);
+    drop(ns);
+}

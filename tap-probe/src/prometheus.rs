@@ -1,0 +1,388 @@
+//! `watch --prometheus ADDR`: the latest refresh as a Prometheus scrape target.
+//!
+//! The text exposition format (version 0.0.4) is written by hand: the counters are a few
+//! families of labelled integers, and the HTTP side answers one `GET /metrics` per
+//! connection, so neither a metrics nor an HTTP crate would earn its weight. Each scrape
+//! gets the text of the last refresh, so scraping never touches the eBPF maps.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::report::{Report, Row};
+
+/// A request head larger than this is refused: a scrape sends a few hundred bytes.
+const MAX_REQUEST: usize = 8 * 1024;
+/// A client that has not sent its request head by then is dropped.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// One counter family: name (without the `tap_probe_` prefix), help, and its value in a row.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: fn(&Row) -> f64,
+}
+
+#[expect(clippy::cast_precision_loss, reason = "Prometheus samples are floats")]
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "xmit_calls_total",
+        kind: "counter",
+        help: "Calls into the driver's ndo_start_xmit.",
+        value: |r| r.xmit_calls as f64,
+    },
+    Family {
+        name: "enqueued_total",
+        kind: "counter",
+        help: "Packets the driver took into its ring.",
+        value: |r| r.enqueued as f64,
+    },
+    Family {
+        name: "busy_total",
+        kind: "counter",
+        help: "NETDEV_TX_BUSY returns (the packet goes back to the qdisc).",
+        value: |r| r.busy as f64,
+    },
+    Family {
+        name: "dropped_full_ring_total",
+        kind: "counter",
+        help: "Packets freed inside the driver because the ring was full (tail-drop).",
+        value: |r| r.dropped_full_ring as f64,
+    },
+    Family {
+        name: "dropped_other_total",
+        kind: "counter",
+        help: "Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
+        value: |r| r.dropped_other as f64,
+    },
+    Family {
+        name: "consumed_total",
+        kind: "counter",
+        help: "Packets the reader took out of the ring.",
+        value: |r| r.consumed as f64,
+    },
+    Family {
+        name: "queue_stops_total",
+        kind: "counter",
+        help: "Transitions of the queue to stopped (DRV_XOFF set).",
+        value: |r| r.queue_stops as f64,
+    },
+    Family {
+        name: "queue_wakes_total",
+        kind: "counter",
+        help: "Transitions of the queue to running (DRV_XOFF cleared).",
+        value: |r| r.queue_wakes as f64,
+    },
+    Family {
+        name: "stopped_seconds_total",
+        kind: "counter",
+        help: "Time the queue spent stopped, including a stop still running.",
+        value: |r| r.stopped_ns as f64 / 1e9,
+    },
+    Family {
+        name: "queue_stopped",
+        kind: "gauge",
+        help: "1 while the queue is stopped, as last observed.",
+        value: |r| f64::from(u8::from(r.stopped)),
+    },
+    Family {
+        name: "reader_sleeps_total",
+        kind: "counter",
+        help: "Times the queue's reader slept between two packets it took.",
+        value: |r| r.reader_sleeps as f64,
+    },
+    Family {
+        name: "kernel_tx_packets_total",
+        kind: "counter",
+        help: "The device's own tx_packets since tracking began (per device, on every queue).",
+        value: |r| r.kernel.tx_packets as f64,
+    },
+    Family {
+        name: "kernel_tx_dropped_total",
+        kind: "counter",
+        help: "The device's own tx_dropped since tracking began (per device, on every queue).",
+        value: |r| r.kernel.tx_dropped as f64,
+    },
+];
+
+/// The exposition text of `report`. Devices that disappeared are left out, so their series
+/// end with them.
+#[must_use]
+pub fn exposition(report: &Report) -> String {
+    let rows: Vec<&Row> = report.rows.iter().filter(|r| !r.retired).collect();
+    let mut out = String::new();
+    for family in FAMILIES {
+        let name = family.name;
+        let _ = writeln!(out, "# HELP tap_probe_{name} {}", family.help);
+        let _ = writeln!(out, "# TYPE tap_probe_{name} {}", family.kind);
+        for row in &rows {
+            let _ = writeln!(
+                out,
+                "tap_probe_{name}{{{}}} {}",
+                labels(row),
+                (family.value)(row)
+            );
+        }
+    }
+    out.push_str(
+        "# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop \
+         reason (other than a full ring).\n# TYPE tap_probe_drop_reason_total counter\n",
+    );
+    for row in &rows {
+        for (reason, n) in &row.drop_reasons {
+            let _ = writeln!(
+                out,
+                "tap_probe_drop_reason_total{{{},reason=\"{}\"}} {n}",
+                labels(row),
+                escape(reason)
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        "# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.\n\
+         # TYPE tap_probe_elapsed_seconds gauge\ntap_probe_elapsed_seconds {}\n",
+        report.elapsed_s
+    );
+    out
+}
+
+fn labels(row: &Row) -> String {
+    format!(
+        "netns=\"{}\",device=\"{}\",kind=\"{}\",queue=\"{}\"",
+        escape(&row.netns),
+        escape(&row.ifname),
+        format!("{:?}", row.kind).to_lowercase(),
+        row.queue
+    )
+}
+
+/// Escapes a label value: backslash, double quote and newline, as the format requires.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str(r"\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str(r"\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The scrape endpoint: serves the text given to [`Exporter::publish`] last.
+pub struct Exporter {
+    text: watch::Sender<Arc<str>>,
+    addr: SocketAddr,
+}
+
+impl Exporter {
+    /// Listens on `addr` and serves from a task on the current tokio runtime.
+    ///
+    /// # Errors
+    /// When the address cannot be bound (in use, not local, a privileged port).
+    pub async fn bind(addr: SocketAddr) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} for --prometheus: choose another address or port")
+        })?;
+        let addr = listener.local_addr()?;
+        let (text, latest) = watch::channel(Arc::<str>::from(""));
+        tokio::spawn(serve(listener, latest));
+        Ok(Self { text, addr })
+    }
+
+    /// The address actually bound (port 0 picks a free one).
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn publish(&self, report: &Report) {
+        self.text.send_replace(exposition(report).into());
+    }
+}
+
+async fn serve(listener: TcpListener, latest: watch::Receiver<Arc<str>>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let text = latest.borrow().clone();
+                tokio::spawn(async move {
+                    if let Err(err) = answer(stream, &text).await {
+                        log::debug!("prometheus client: {err:#}");
+                    }
+                });
+            }
+            // Out of descriptors and the like: log it, and keep the watch going.
+            Err(err) => {
+                log::warn!("prometheus: accept failed: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Reads one request head and answers it, then closes the connection.
+async fn answer(mut stream: TcpStream, text: &str) -> anyhow::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    let read_head = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, read_head)
+        .await
+        .context("request head timed out")??;
+    let (status, body) = route(&head, text);
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        if status.starts_with("200") {
+            CONTENT_TYPE
+        } else {
+            "text/plain; charset=utf-8"
+        },
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await?;
+    Ok(())
+}
+
+/// The status line and body for a request head.
+fn route<'a>(head: &[u8], text: &'a str) -> (&'static str, std::borrow::Cow<'a, str>) {
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next(), parts.next());
+    let path = target.map(|t| t.split('?').next().unwrap_or(t));
+    match (method, path) {
+        (Some("GET"), Some("/metrics")) => ("200 OK", text.into()),
+        (Some("GET"), Some(_)) => ("404 Not Found", "tap-probe serves /metrics only\n".into()),
+        (Some(_), Some(_)) => (
+            "405 Method Not Allowed",
+            "tap-probe answers GET /metrics only\n".into(),
+        ),
+        _ => ("400 Bad Request", "not an HTTP request\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::DeviceKind;
+    use crate::report::KernelDeltas;
+
+    fn row(name: &str, queue: u32) -> Row {
+        Row {
+            ifname: name.to_owned(),
+            ifindex: 7,
+            netns: "vm \"a\"\\b\nc".to_owned(),
+            kind: DeviceKind::Tap,
+            queue,
+            owner: None,
+            xmit_calls: 10,
+            enqueued: 7,
+            busy: 1,
+            dropped_full_ring: 2,
+            dropped_other: 0,
+            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
+            consumed: 6,
+            queue_stops: 1,
+            queue_wakes: 1,
+            stopped_ns: 1_500_000_000,
+            stopped: true,
+            reader_sleeps: 4,
+            wakeups_per_packet: Some(4.0 / 6.0),
+            kernel: KernelDeltas {
+                tx_packets: 6,
+                tx_dropped: 2,
+            },
+            retired: false,
+        }
+    }
+
+    fn report(rows: Vec<Row>) -> Report {
+        Report {
+            elapsed_s: 2.5,
+            sources: crate::backend::Sources::default(),
+            programs: None,
+            rows,
+        }
+    }
+
+    #[test]
+    fn every_family_is_declared_once_with_one_sample_per_live_row() {
+        let mut gone = row("tap1", 0);
+        gone.retired = true;
+        let text = exposition(&report(vec![row("tap0", 0), row("tap0", 1), gone]));
+        for family in FAMILIES {
+            let name = format!("tap_probe_{}", family.name);
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} ")).count(),
+                1,
+                "{name}"
+            );
+            let samples = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .count();
+            assert_eq!(
+                samples, 2,
+                "{name}: two live queue rows, the retired one left out"
+            );
+        }
+        assert!(!text.contains("tap1"), "a retired device has no series");
+    }
+
+    #[test]
+    fn samples_carry_escaped_labels_and_values() {
+        let text = exposition(&report(vec![row("tap0", 1)]));
+        let labels = r#"netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1""#;
+        for expected in [
+            format!("tap_probe_xmit_calls_total{{{labels}}} 10"),
+            format!("tap_probe_stopped_seconds_total{{{labels}}} 1.5"),
+            format!("tap_probe_queue_stopped{{{labels}}} 1"),
+            format!("tap_probe_reader_sleeps_total{{{labels}}} 4"),
+            format!("tap_probe_drop_reason_total{{{labels},reason=\"xmit_error\"}} 3"),
+            "tap_probe_elapsed_seconds 2.5".to_owned(),
+        ] {
+            assert!(
+                text.lines().any(|l| l == expected),
+                "{expected} in:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_get_metrics_is_served() {
+        let ok = route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "body");
+        assert_eq!(ok, ("200 OK", "body".into()));
+        assert_eq!(
+            route(b"GET /metrics?x=1 HTTP/1.1\r\n\r\n", "body").0,
+            "200 OK"
+        );
+        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n", "body").0, "404 Not Found");
+        assert_eq!(
+            route(b"POST /metrics HTTP/1.1\r\n\r\n", "body").0,
+            "405 Method Not Allowed"
+        );
+        assert_eq!(route(b"\r\n\r\n", "body").0, "400 Bad Request");
+    }
+}
