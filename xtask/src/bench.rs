@@ -4,6 +4,7 @@
 //! Each kind is a module under `bench/` with its own `Args` and `run`; what they share
 //! (building, background processes with bounded waits, medians, JSON output) lives here.
 
+mod backends;
 mod overhead;
 mod record;
 mod replay;
@@ -33,6 +34,10 @@ enum BenchKind {
     Record(record::Args),
     /// Replay harness speed: in-memory replay events/s on one core, `--live` items/s.
     Replay(replay::Args),
+    /// Per-packet cost of each probe backend (kprobe, auto, tracepoint, fentry) as
+    /// throughput of `tap-probe load` relative to no probe, measured in the QEMU guest
+    /// (`cargo xtask vm`'s kernel, which has kprobes) in one boot.
+    Backends(backends::Args),
 }
 
 /// Runs `cargo xtask bench`.
@@ -41,12 +46,65 @@ enum BenchKind {
 /// If setup, the build or any run fails.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     setup::run(&setup::Args {})?;
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
+    // The guest benchmark builds its own (static) tap-probe.
+    if !matches!(args.kind, BenchKind::Backends(_)) {
+        cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
+    }
     match &args.kind {
         BenchKind::Overhead(args) => overhead::run(args),
         BenchKind::Record(args) => record::run(args),
         BenchKind::Replay(args) => replay::run(args),
+        BenchKind::Backends(args) => backends::run(args),
     }
+}
+
+/// The namespaces `tap-probe load` creates.
+const LOAD_NETNS_GLOB: &str = "tap-probe-load-*";
+
+/// The tap `tap-probe load` creates in its namespace.
+const LOAD_IFNAME: &str = "tp-load0";
+
+/// `tap-probe` arguments for a load that sends for `duration` seconds after waiting
+/// `start_delay` seconds (for a probe started beforehand to find its tap), and prints its
+/// report as JSON.
+fn load_args(duration: u32, start_delay: u32) -> [String; 7] {
+    [
+        "load".to_owned(),
+        "--format".to_owned(),
+        "json".to_owned(),
+        "--duration".to_owned(),
+        duration.to_string(),
+        "--start-delay".to_owned(),
+        start_delay.to_string(),
+    ]
+}
+
+/// `tap-probe` arguments for watching the load's tap: `--wait` because its namespace does
+/// not exist yet when the watch starts; JSON lines; a refresh (which is also when new
+/// devices are found) every half second, well inside the load's start delay.
+const WATCH_LOAD_ARGS: [&str; 8] = [
+    "watch",
+    "--netns",
+    LOAD_NETNS_GLOB,
+    "--wait",
+    "--format",
+    "json",
+    "--interval",
+    "0.5",
+];
+
+/// The driver calls `tap-probe watch --format json` counted on the load's tap, from its
+/// output lines: the largest count, since counters only grow and the row of a device that
+/// went away carries its last count.
+fn watched_xmit_calls<'a>(lines: impl IntoIterator<Item = &'a serde_json::Value>) -> u64 {
+    lines
+        .into_iter()
+        .filter_map(|line| line["rows"].as_array())
+        .flatten()
+        .filter(|row| row["ifname"] == LOAD_IFNAME)
+        .filter_map(|row| row["xmit_calls"].as_u64())
+        .max()
+        .unwrap_or(0)
 }
 
 /// The release build of tap-probe.
@@ -81,6 +139,15 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `forward` in the order round `round` (counted from 0) runs it: as given on even rounds,
+/// reversed on odd ones, so that drift over time does not favour one variant.
+fn round_order<T, A: AsMut<[T]>>(mut forward: A, round: u32) -> A {
+    if round % 2 == 1 {
+        forward.as_mut().reverse();
+    }
+    forward
 }
 
 /// The median of `values` (the mean of the middle two for an even count); NaN if empty.
@@ -209,7 +276,31 @@ fn read_report(path: &Path) -> anyhow::Result<serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use serde_json::json;
+
+    use super::{median, round_order, watched_xmit_calls};
+
+    #[test]
+    fn rounds_alternate_the_order() {
+        assert_eq!(round_order([1, 2, 3], 0), [1, 2, 3]);
+        assert_eq!(round_order([1, 2, 3], 1), [3, 2, 1]);
+        assert_eq!(round_order(vec![1, 2], 4), [1, 2]);
+    }
+
+    #[test]
+    fn watched_xmit_calls_takes_the_load_taps_largest_count() {
+        let lines = [
+            json!({"final": false, "rows": []}),
+            json!({"rows": [
+                {"ifname": "tp-load0", "xmit_calls": 10},
+                {"ifname": "other", "xmit_calls": 99},
+            ]}),
+            json!({"rows": [{"ifname": "tp-load0", "xmit_calls": 25, "retired": true}]}),
+            json!({"final": true, "rows": []}),
+        ];
+        assert_eq!(watched_xmit_calls(&lines), 25);
+        assert_eq!(watched_xmit_calls(None), 0);
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {

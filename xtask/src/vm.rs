@@ -7,6 +7,10 @@
 //! line before powering off, and a host side that reads the serial console under a
 //! deadline and treats a panic banner or a missing verdict as failure.
 //!
+//! The steps are reusable: [`GuestKernel::fetch`], [`build_release`] and [`boot`], which
+//! takes a [`Payload`] (what the init runs after its set-up). The tests are one payload;
+//! `cargo xtask bench backends` boots the same guest with a benchmark as another.
+//!
 //! Layout: the kernel package is cached (unpacked) in `<workspace>/.cache/vm/`; the
 //! initramfs, stripped binaries and the console log go to `<target>/vm/`.
 
@@ -43,10 +47,11 @@ const GUEST_MODULES: &[&str] = &[
     "sch_ingress",
 ];
 
-/// Busybox applets the init script uses; each becomes a symlink to `/bin/busybox`.
+/// Busybox applets the init script and its payloads use; each becomes a symlink to
+/// `/bin/busybox`.
 const APPLETS: &[&str] = &[
     "sh", "mount", "mkdir", "insmod", "poweroff", "echo", "cat", "uname", "sleep", "ls", "dmesg",
-    "grep", "sync", "true", "false", "test", "[",
+    "grep", "sync", "true", "false", "test", "[", "kill", "timeout", "tr", "sed", "head", "tail",
 ];
 
 /// Host tools (glibc, copied in with their libraries) the tests run: some lib tests check
@@ -104,36 +109,175 @@ impl Default for Args {
 /// the guest does not report success.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let cache = cmd::workspace_root().join(".cache/vm");
     let out = cmd::target_dir().join("vm");
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-
-    let step = Instant::now();
-    let (kernel, source) = kernel::fetch(&cache)?;
-    let modules = kernel.modules(GUEST_MODULES, &out.join("modules"))?;
-    let fetch_time = step.elapsed();
-    eprintln!(
-        "xtask vm: kernel {} ({}, {:.1} s); modules: {}",
-        kernel.release,
-        match source {
-            kernel::Source::Cached => "cached",
-            kernel::Source::Downloaded => "downloaded",
-        },
-        fetch_time.as_secs_f64(),
-        modules
-            .iter()
-            .map(|module| module.name.as_str())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    let kernel = GuestKernel::fetch(&out)?;
 
     let step = Instant::now();
     let binaries = build()?;
     let build_time = step.elapsed();
 
+    let payload = tests_payload(&binaries, &args.passthrough)?;
+    let booted = boot(
+        &kernel,
+        &binaries.release_bin,
+        &payload,
+        &BootOptions {
+            accel: args.accel,
+            timeout: Duration::from_secs(args.timeout),
+            echo: if args.quiet { |_| false } else { |_| true },
+            dir: out,
+        },
+    )?;
+    let outcome = &booted.outcome;
+    if args.quiet && outcome.verdict != Verdict::Success {
+        for line in &outcome.lines {
+            println!("{line}");
+        }
+    }
+    println!("{}", summary(&outcome.lines));
+    eprintln!(
+        "xtask vm: times: kernel {:.1} s, build {:.1} s, {}, all {:.1} s; console log {}",
+        kernel.fetch_time.as_secs_f64(),
+        build_time.as_secs_f64(),
+        booted.times(),
+        started.elapsed().as_secs_f64(),
+        booted.log.display(),
+    );
+    check_verdict(outcome.verdict, args.timeout)
+}
+
+/// The guest's verdict as a result: only `init: success` is `Ok`.
+///
+/// # Errors
+/// Any other verdict, described.
+pub fn check_verdict(verdict: Verdict, timeout_s: u64) -> anyhow::Result<()> {
+    match verdict {
+        Verdict::Success => Ok(()),
+        Verdict::Failure => bail!("the guest reported failure (see above)"),
+        Verdict::Panic => bail!("the guest kernel panicked"),
+        Verdict::Timeout => {
+            bail!("the guest gave no verdict within {timeout_s} s (--timeout); QEMU was killed")
+        }
+        Verdict::Silent => bail!("QEMU exited without the init's verdict"),
+    }
+}
+
+/// The guest kernel and the modules its init loads.
+#[derive(Debug)]
+pub struct GuestKernel {
+    kernel: kernel::Kernel,
+    modules: Vec<kernel::Module>,
+    /// Fetching (or finding it in the cache) and unpacking the modules.
+    pub fetch_time: Duration,
+}
+
+impl GuestKernel {
+    /// Fetches Debian's cloud kernel into `<workspace>/.cache/vm` unless it is cached there,
+    /// and unpacks the modules the init loads into `out/modules`.
+    ///
+    /// # Errors
+    /// If no kernel is cached and none can be downloaded, or a module cannot be read.
+    pub fn fetch(out: &Path) -> anyhow::Result<Self> {
+        let cache = cmd::workspace_root().join(".cache/vm");
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let step = Instant::now();
+        let (kernel, source) = kernel::fetch(&cache)?;
+        let modules = kernel.modules(GUEST_MODULES, &out.join("modules"))?;
+        let fetch_time = step.elapsed();
+        eprintln!(
+            "xtask vm: kernel {} ({}, {:.1} s); modules: {}",
+            kernel.release,
+            match source {
+                kernel::Source::Cached => "cached",
+                kernel::Source::Downloaded => "downloaded",
+            },
+            fetch_time.as_secs_f64(),
+            modules
+                .iter()
+                .map(|module| module.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        Ok(Self {
+            kernel,
+            modules,
+            fetch_time,
+        })
+    }
+
+    /// Its release, as the guest's `uname -r` prints it.
+    pub fn release(&self) -> &str {
+        &self.kernel.release
+    }
+}
+
+/// What a guest runs beyond the common set-up (mounts, modules, `/bin/tap-probe`).
+#[derive(Debug)]
+pub struct Payload {
+    /// Executables to add, as (path in the guest, path on the host); they go in without
+    /// debug info.
+    pub executables: Vec<(String, PathBuf)>,
+    /// Shell commands the init runs after `tap-probe doctor`; they set `status=1` for the
+    /// init to report failure.
+    pub script: String,
+}
+
+/// How to boot a guest.
+#[derive(Debug)]
+pub struct BootOptions {
+    pub accel: AccelChoice,
+    /// QEMU is killed if the guest has given no verdict by then.
+    pub timeout: Duration,
+    /// Which console lines to print as they come (all are kept and logged).
+    pub echo: fn(&str) -> bool,
+    /// Where the initramfs, the stripped executables and `console.log` go.
+    pub dir: PathBuf,
+}
+
+/// A guest that has run.
+#[derive(Debug)]
+pub struct Booted {
+    pub outcome: qemu::Outcome,
+    pub accel: Accel,
+    /// Writing the initramfs.
+    pub image_time: Duration,
+    /// The whole console.
+    pub log: PathBuf,
+}
+
+impl Booted {
+    /// Where the guest's time went, for a closing line.
+    pub fn times(&self) -> String {
+        format!(
+            "initramfs {:.1} s, boot to init {}, guest total {:.1} s ({})",
+            self.image_time.as_secs_f64(),
+            self.outcome.boot.map_or_else(
+                || "-".to_owned(),
+                |boot| format!("{:.1} s", boot.as_secs_f64())
+            ),
+            self.outcome.elapsed.as_secs_f64(),
+            self.accel.name(),
+        )
+    }
+}
+
+/// Writes an initramfs with `tap_probe` (a static build) as `/bin/tap-probe` and `payload`,
+/// boots it on `kernel`, and follows the console until the init's verdict.
+///
+/// # Errors
+/// If the image cannot be written or QEMU cannot be run; the guest's verdict is in the
+/// outcome, not an error.
+pub fn boot(
+    kernel: &GuestKernel,
+    tap_probe: &Path,
+    payload: &Payload,
+    options: &BootOptions,
+) -> anyhow::Result<Booted> {
+    let dir = &options.dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let step = Instant::now();
-    let initrd = out.join("initramfs.cpio");
-    let size = image(&binaries, &kernel, &modules, &args.passthrough, &out)?.write(&initrd)?;
+    let initrd = dir.join("initramfs.cpio");
+    let size = image(kernel, tap_probe, payload, dir)?.write(&initrd)?;
     let image_time = step.elapsed();
     eprintln!(
         "xtask vm: {} ({} MiB, {:.1} s)",
@@ -141,11 +285,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         size >> 20,
         image_time.as_secs_f64()
     );
-
-    let accel = choose_accel(args.accel)?;
-    let log = out.join("console.log");
+    let accel = choose_accel(options.accel)?;
+    let log = dir.join("console.log");
     let outcome = qemu::run(&qemu::Config {
-        kernel: &kernel.vmlinuz,
+        kernel: &kernel.kernel.vmlinuz,
         initrd: &initrd,
         // panic=-1: reboot at once on a panic, which -no-reboot turns into QEMU exiting.
         // loglevel=4: warnings and worse reach the console (an oops, a WARN from the code
@@ -154,42 +297,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         accel,
         cpus: 2,
         memory_mib: 2048,
-        timeout: Duration::from_secs(args.timeout),
-        echo: !args.quiet,
+        timeout: options.timeout,
+        echo: options.echo,
         log: log.clone(),
     })?;
-
-    if args.quiet && outcome.verdict != Verdict::Success {
-        for line in &outcome.lines {
-            println!("{line}");
-        }
-    }
-    println!("{}", summary(&outcome.lines));
-    eprintln!(
-        "xtask vm: times: kernel {:.1} s, build {:.1} s, initramfs {:.1} s, boot to init {}, \
-         guest total {:.1} s ({}), all {:.1} s; console log {}",
-        fetch_time.as_secs_f64(),
-        build_time.as_secs_f64(),
-        image_time.as_secs_f64(),
-        outcome.boot.map_or_else(
-            || "-".to_owned(),
-            |boot| format!("{:.1} s", boot.as_secs_f64())
-        ),
-        outcome.elapsed.as_secs_f64(),
-        accel.name(),
-        started.elapsed().as_secs_f64(),
-        log.display(),
-    );
-    match outcome.verdict {
-        Verdict::Success => Ok(()),
-        Verdict::Failure => bail!("tests failed in the guest (see above)"),
-        Verdict::Panic => bail!("the guest kernel panicked"),
-        Verdict::Timeout => bail!(
-            "the guest gave no verdict within {} s (--timeout); QEMU was killed",
-            args.timeout
-        ),
-        Verdict::Silent => bail!("QEMU exited without the init's verdict"),
-    }
+    Ok(Booted {
+        outcome,
+        accel,
+        image_time,
+        log,
+    })
 }
 
 fn choose_accel(choice: AccelChoice) -> anyhow::Result<Accel> {
@@ -265,13 +382,20 @@ fn build() -> anyhow::Result<Binaries> {
         bail!("cargo test --no-run built no test executables");
     }
     let test_bin = tap_probe_bin(&tests).context("cargo test built no tap-probe binary")?;
-    let release = cargo_json(&["build", "--release", "-p", "tap-probe"])?;
-    let release_bin = tap_probe_bin(&release).context("cargo build built no tap-probe binary")?;
     Ok(Binaries {
         tests: test_exes,
         test_bin,
-        release_bin,
+        release_bin: build_release()?,
     })
+}
+
+/// Builds the release tap-probe for the guest (static, musl) and returns its path.
+///
+/// # Errors
+/// If the build fails.
+pub fn build_release() -> anyhow::Result<PathBuf> {
+    let release = cargo_json(&["build", "--release", "-p", "tap-probe"])?;
+    tap_probe_bin(&release).context("cargo build built no tap-probe binary")
 }
 
 fn tap_probe_bin(messages: &[Message]) -> Option<PathBuf> {
@@ -307,12 +431,35 @@ fn cargo_json(args: &[&str]) -> anyhow::Result<Vec<Message>> {
         .collect())
 }
 
+/// The guest's tests: each test executable, and the test build of tap-probe at its host
+/// path (the integration tests bake that path in with `env!("CARGO_BIN_EXE_tap-probe")`).
+fn tests_payload(binaries: &Binaries, test_args: &[String]) -> anyhow::Result<Payload> {
+    let test_bin = binaries
+        .test_bin
+        .to_str()
+        .context("non-UTF-8 target path")?;
+    let mut executables = vec![(test_bin.to_owned(), binaries.test_bin.clone())];
+    let mut tests = Vec::new();
+    for test in &binaries.tests {
+        let name = test
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("test executable without a name")?;
+        let guest = format!("/tests/{name}");
+        executables.push((guest.clone(), test.clone()));
+        tests.push(guest);
+    }
+    Ok(Payload {
+        executables,
+        script: tests_script(&tests, test_args),
+    })
+}
+
 /// Lays out the guest's root filesystem.
 fn image(
-    binaries: &Binaries,
-    kernel: &kernel::Kernel,
-    modules: &[kernel::Module],
-    test_args: &[String],
+    kernel: &GuestKernel,
+    tap_probe: &Path,
+    payload: &Payload,
     out: &Path,
 ) -> anyhow::Result<Archive> {
     let mut archive = Archive::default();
@@ -338,28 +485,16 @@ fn image(
     let stripped = out.join("bin");
     std::fs::create_dir_all(&stripped)?;
     let strip = |path: &Path| strip_debug(path, &stripped);
-    archive.host_file("/bin/tap-probe", &strip(&binaries.release_bin)?, 0o755);
-    let test_bin = binaries
-        .test_bin
-        .to_str()
-        .context("non-UTF-8 target path")?;
-    archive.host_file(test_bin, &strip(&binaries.test_bin)?, 0o755);
-    let mut tests = Vec::new();
-    for test in &binaries.tests {
-        let name = test
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("test executable without a name")?;
-        let guest = format!("/tests/{name}");
-        archive.host_file(&guest, &strip(test)?, 0o755);
-        tests.push(guest);
+    archive.host_file("/bin/tap-probe", &strip(tap_probe)?, 0o755);
+    for (guest, host) in &payload.executables {
+        archive.host_file(guest, &strip(host)?, 0o755);
     }
-    for module in modules {
+    for module in &kernel.modules {
         archive.host_file(&module.guest_path, &module.host_path, 0o644);
     }
     archive.bytes(
         "/init",
-        init_script(&kernel.release, modules, &tests, test_args),
+        init_script(&kernel.kernel.release, &kernel.modules, &payload.script),
         0o755,
     );
     Ok(archive)
@@ -418,21 +553,17 @@ fn ldd_paths(ldd: &str) -> Vec<&str> {
 }
 
 /// Quotes `word` for the init's shell.
-fn sh_quote(word: &str) -> String {
+pub fn sh_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
-/// The guest's `/init`: busybox sh as PID 1.
-fn init_script(
-    release: &str,
-    modules: &[kernel::Module],
-    tests: &[String],
-    test_args: &[String],
-) -> String {
+/// The guest's `/init`: busybox sh as PID 1. It sets up, runs `tap-probe doctor` and then
+/// `payload`, prints one verdict line and powers off.
+fn init_script(release: &str, modules: &[kernel::Module], payload: &str) -> String {
     let mut script = String::from(
         r#"#!/bin/sh
-# Generated by `cargo xtask vm` (xtask/src/vm.rs): mounts what the tests need, loads the
-# modules, runs `tap-probe doctor` and each test binary, prints one verdict line, powers off.
+# Generated by xtask (xtask/src/vm.rs): mounts what tap-probe needs, loads the modules,
+# runs `tap-probe doctor` and the payload, prints one verdict line, powers off.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp RUST_BACKTRACE=1
 status=0
 must() { "$@" || { echo "init: '$*' failed"; status=1; }; }
@@ -463,33 +594,50 @@ must ip link set lo up
         r#"echo "init: tap-probe doctor"
 /bin/tap-probe doctor
 echo "init: tap-probe doctor exited $?"
-run() {
-    read -r up _ < /proc/uptime
-    echo "init: running $1 (uptime $up s)"
-    "$@" --test-threads=1 --show-output"#,
-    );
-    for arg in test_args {
-        script.push(' ');
-        script.push_str(&sh_quote(arg));
-    }
-    script.push_str(
-        r#"
-    rc=$?
-    read -r up _ < /proc/uptime
-    echo "init: $1 exited $rc (uptime $up s)"
-    [ "$rc" -eq 0 ] || status=1
-}
 "#,
     );
-    for test in tests {
-        let _ = writeln!(script, "run {test}");
-    }
+    script.push_str(payload);
     script.push_str(
         r#"if [ "$status" -eq 0 ]; then echo "init: success"; else echo "init: failure"; fi
 sync
 poweroff -f
 "#,
     );
+    script
+}
+
+/// A test binary still running after this long is ended, so one hung test fails its binary
+/// and the rest still run (the whole suite takes about 4 minutes under TCG here).
+const BINARY_TIMEOUT_S: u32 = 8 * 60;
+
+/// The tests' part of the init: each test binary in turn, one at a time (they share the
+/// guest's tracepoints and tracefs), with `test_args`.
+fn tests_script(tests: &[String], test_args: &[String]) -> String {
+    let mut script = format!(
+        r#"run() {{
+    read -r up _ < /proc/uptime
+    echo "init: running $1 (uptime $up s)"
+    timeout {BINARY_TIMEOUT_S} "$@" --test-threads=1 --show-output"#
+    );
+    for arg in test_args {
+        script.push(' ');
+        script.push_str(&sh_quote(arg));
+    }
+    let _ = write!(
+        script,
+        r#"
+    rc=$?
+    read -r up _ < /proc/uptime
+    # busybox timeout ends the binary with SIGTERM: exit status 128 + 15.
+    [ "$rc" -eq 143 ] && echo "init: $1 timed out after {BINARY_TIMEOUT_S} s"
+    echo "init: $1 exited $rc (uptime $up s)"
+    [ "$rc" -eq 0 ] || status=1
+}}
+"#
+    );
+    for test in tests {
+        let _ = writeln!(script, "run {test}");
+    }
     script
 }
 
@@ -560,12 +708,8 @@ mod tests {
 
     #[test]
     fn init_script_quotes_test_arguments() {
-        let script = init_script(
-            "6.1.0-57-cloud-amd64",
-            &[],
-            &["/tests/exactness-0123".to_owned()],
-            &["it's".to_owned()],
-        );
+        let tests = tests_script(&["/tests/exactness-0123".to_owned()], &["it's".to_owned()]);
+        let script = init_script("6.1.0-57-cloud-amd64", &[], &tests);
         assert!(script.contains(r"--show-output 'it'\''s'"));
         assert!(script.contains("run /tests/exactness-0123\n"));
         assert_eq!(script.matches("init: success").count(), 1);

@@ -18,14 +18,14 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Proc, create, default_out, median, runs_dir, tap_probe, write_json};
+use super::{
+    Proc, WATCH_LOAD_ARGS, create, default_out, load_args, median, round_order, runs_dir,
+    tap_probe, watched_xmit_calls, write_json,
+};
 
 /// Seconds the load waits before sending, so that `tap-probe watch` (which polls for new
 /// namespaces every interval) has found the load's tap by then.
 const START_DELAY_S: u32 = 2;
-
-/// The namespaces `tap-probe load` creates.
-const LOAD_NETNS_GLOB: &str = "tap-probe-load-*";
 
 /// The events tap-probe's host backend counts, counted the simplest way bpftrace can.
 const BPFTRACE_PROGRAM: &str = "tracepoint:net:net_dev_start_xmit, tracepoint:net:net_dev_xmit, \
@@ -152,11 +152,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = runs_dir(&out)?;
     let mut runs = Vec::new();
     for round in 1..=args.pairs {
-        let mut order = Variant::ALL;
-        if round % 2 == 0 {
-            order.reverse();
-        }
-        for variant in order {
+        for variant in round_order(Variant::ALL, round - 1) {
             eprintln!(
                 "==> bench overhead: round {round}/{}: {variant}",
                 args.pairs
@@ -189,10 +185,7 @@ fn run_once(round: u32, variant: Variant, duration: u32, dir: &Path) -> anyhow::
     };
     let report_path = dir.join(format!("{tag}-load.json"));
     let mut load = tap_probe();
-    load.args(["load", "--format", "json", "--duration"])
-        .arg(duration.to_string())
-        .arg("--start-delay")
-        .arg(START_DELAY_S.to_string())
+    load.args(load_args(duration, START_DELAY_S))
         .stdout(create(&report_path)?);
     // Generous: the load bounds itself; this only catches a hang.
     let timeout = Duration::from_secs(u64::from(duration + START_DELAY_S) + 60);
@@ -231,11 +224,7 @@ struct Observer {
 impl Observer {
     fn watch(out: &Path) -> anyhow::Result<Self> {
         let mut watch = tap_probe();
-        // `--wait`: the load's namespace does not exist yet when watch starts.
-        watch
-            .args(["watch", "--netns", LOAD_NETNS_GLOB, "--wait"])
-            .args(["--format", "json", "--interval", "0.5"])
-            .stdout(create(out)?);
+        watch.args(WATCH_LOAD_ARGS).stdout(create(out)?);
         let mut proc = Proc::spawn(&mut watch)?;
         // Its first report means the probes are attached; only then may traffic start, or a
         // slow start (BTF parsing on a busy machine) would miss the beginning of the run.
@@ -318,14 +307,11 @@ fn check_watch_counted(watch_out: &Path, report: &Value) -> anyhow::Result<()> {
         .context("the load report has no `sent` count")?;
     let text = std::fs::read_to_string(watch_out)
         .with_context(|| format!("reading {}", watch_out.display()))?;
-    let counted = text
+    let lines: Vec<Value> = text
         .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .flat_map(|line| line["rows"].as_array().cloned().unwrap_or_default())
-        .filter(|row| row["ifname"] == "tp-load0")
-        .filter_map(|row| row["xmit_calls"].as_u64())
-        .max()
-        .unwrap_or(0);
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let counted = watched_xmit_calls(&lines);
     if counted != sent {
         bail!(
             "tap-probe watch counted {counted} driver calls on the load's tap, the load sent \

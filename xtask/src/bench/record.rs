@@ -19,14 +19,14 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Proc, create, default_out, median, runs_dir, tap_probe, write_json};
+use super::{
+    LOAD_NETNS_GLOB, Proc, create, default_out, load_args, median, round_order, runs_dir,
+    tap_probe, write_json,
+};
 
 /// Seconds the load waits before sending; `record --wait` tracks its tap within one poll
 /// (50 ms) of the tap appearing, well inside this.
 const START_DELAY_S: u32 = 2;
-
-/// The namespaces `tap-probe load` creates.
-const LOAD_NETNS_GLOB: &str = "tap-probe-load-*";
 
 /// What `tap-probe record --wait` prints once its programs are attached.
 const ATTACHED_LINE: &str = "attached; waiting for a device";
@@ -170,11 +170,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let dir = runs_dir(&out)?;
     let mut runs = Vec::new();
     for pair in 1..=args.pairs {
-        let mut order = [Variant::ProbeOff, Variant::Record];
-        if pair % 2 == 0 {
-            order.reverse();
-        }
-        for variant in order {
+        for variant in round_order([Variant::ProbeOff, Variant::Record], pair - 1) {
             eprintln!("==> bench record: pair {pair}/{}: {variant}", args.pairs);
             let run = run_once(pair, variant, args.duration, &dir)
                 .with_context(|| format!("pair {pair}, {variant}"))?;
@@ -209,10 +205,7 @@ fn run_once(pair: u32, variant: Variant, duration: u32, dir: &Path) -> anyhow::R
     };
     let report_path = dir.join(format!("{tag}-load.json"));
     let mut load = tap_probe();
-    load.args(["load", "--format", "json", "--duration"])
-        .arg(duration.to_string())
-        .arg("--start-delay")
-        .arg(START_DELAY_S.to_string())
+    load.args(load_args(duration, START_DELAY_S))
         .stdout(create(&report_path)?);
     // Generous: the load bounds itself; this only catches a hang.
     let timeout = Duration::from_secs(u64::from(duration + START_DELAY_S) + 60);

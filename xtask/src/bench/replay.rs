@@ -15,7 +15,7 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{default_out, median, tap_probe, write_json};
+use super::{default_out, median, round_order, tap_probe, write_json};
 use crate::cmd;
 
 /// About 22 M operations: a producer faster than its reader, so every policy has work.
@@ -69,10 +69,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut replay: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     let mut live: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     for round in 0..args.runs {
-        let mut order: Vec<usize> = (0..POLICIES.len()).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
+        let order: Vec<usize> = round_order((0..POLICIES.len()).collect(), round);
         eprintln!("==> round {}/{}", round + 1, args.runs);
         let out = replay_json(&order, &["--synthetic", SPEC])?;
         for t in out["streams"][0]["results"]

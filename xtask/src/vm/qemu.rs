@@ -95,8 +95,8 @@ pub struct Config<'a> {
     pub cpus: u32,
     pub memory_mib: u32,
     pub timeout: Duration,
-    /// Echo the console as it comes (else it is printed only on failure).
-    pub echo: bool,
+    /// Which console lines to print as they come.
+    pub echo: fn(&str) -> bool,
     /// The whole console is also written here.
     pub log: PathBuf,
 }
@@ -180,7 +180,7 @@ pub fn run(config: &Config<'_>) -> anyhow::Result<Outcome> {
         match lines_rx.recv_timeout(deadline - now) {
             Ok(line) => {
                 writeln!(log, "{line}")?;
-                if config.echo {
+                if (config.echo)(&line) {
                     println!("{line}");
                 }
                 if boot.is_none() && line.contains("init: ") {
