@@ -87,9 +87,8 @@ pub struct QueueCounters {
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReaderState {
-    /// Thread id; 0 before the first take.
-    pub tid: u32,
-    pub reserved: u32,
+    /// The reader's `task_struct` address; 0 before the first take.
+    pub task: u64,
     /// Its `task_struct.nvcsw` at that take.
     pub nvcsw: u64,
 }

@@ -8,8 +8,7 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, fentry, kprobe, kretprobe, map, raw_tracepoint, tracepoint, xdp},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -378,9 +377,7 @@ fn freed_after_use(skb: u64, location: u64) {
 /// voluntarily since its previous take from the same queue (0 at its first take).
 #[inline(always)]
 fn reader_sleeps_since_last_take(slot: u32) -> u64 {
-    // The low half of pid_tgid is the thread id.
-    let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: the helper returns the running task, valid for the program's duration.
+    // The running task: its address names the thread (one helper call fewer than the tid).
     let task = unsafe { bpf_get_current_task() };
     let Some(nvcsw) = read::<u64>(task, fact!(task_nvcsw)) else {
         return 0;
@@ -390,10 +387,12 @@ fn reader_sleeps_since_last_take(slot: u32) -> u64 {
     };
     // SAFETY: see READERS.
     let last = unsafe { &mut *last };
-    let slept = if last.tid == tid {
-        nvcsw.wrapping_sub(last.nvcsw)
+    // A count that went down is another thread whose task_struct reuses the memory of an
+    // exited one: a new baseline, like any other change of reader.
+    let slept = if last.task == task && nvcsw >= last.nvcsw {
+        nvcsw - last.nvcsw
     } else {
-        last.tid = tid;
+        last.task = task;
         0
     };
     last.nvcsw = nvcsw;
