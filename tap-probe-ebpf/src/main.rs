@@ -472,8 +472,9 @@ static SLOW_CONSUMER_NS: u64 = 0;
 pub fn slow_consumer(_ctx: XdpContext) -> u32 {
     let hold = unsafe { core::ptr::read_volatile(&raw const SLOW_CONSUMER_NS) };
     let start = unsafe { bpf_ktime_get_ns() };
-    // Bounded for the verifier; a ktime read costs tens of ns, so 4096 rounds cover ~100 us.
-    for _ in 0..4096 {
+    // Bounded for the verifier; a ktime read costs tens of ns, so 16384 rounds cover at
+    // least ~300 us on real hardware (more under emulation, where each read costs more).
+    for _ in 0..16384 {
         if unsafe { bpf_ktime_get_ns() }.wrapping_sub(start) >= hold {
             break;
         }
