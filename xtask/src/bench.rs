@@ -40,6 +40,20 @@ enum BenchKind {
     Backends(backends::Args),
 }
 
+/// What the host A/B benchmarks (`overhead`, `record`) take.
+#[derive(Debug, clap::Args)]
+pub struct RoundArgs {
+    /// Rounds; each runs every variant once, in alternating order.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(5..))]
+    pairs: u32,
+    /// Seconds of traffic per run.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    duration: u32,
+    /// Where to write the JSON results [default: target/bench/KIND.json].
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 /// Runs `cargo xtask bench`.
 ///
 /// # Errors

@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -46,18 +46,8 @@ const GOAL_MIN_RATIO: f64 = 0.97;
 /// Goal: tap-probe loses at most this share of what bpftrace loses.
 const GOAL_MAX_LOSS_RATIO: f64 = 1.0 / 3.0;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// Rounds; each runs all three variants once.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(5..))]
-    pairs: u32,
-    /// Seconds of traffic per run.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    duration: u32,
-    /// Where to write the JSON results [default: target/bench/overhead.json].
-    #[arg(long)]
-    out: Option<PathBuf>,
-}
+/// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
+pub type Args = super::RoundArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::io::{BufRead as _, BufReader, Read as _, Seek as _, SeekFrom, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -61,18 +61,8 @@ const KIND_NAMES: [&str; 8] = [
     "dropped_other",
 ];
 
-#[derive(Debug, clap::Args)]
-pub struct Args {
-    /// A/B pairs; each runs both variants once.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(5..))]
-    pairs: u32,
-    /// Seconds of traffic per run.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    duration: u32,
-    /// Where to write the JSON results [default: target/bench/record.json].
-    #[arg(long)]
-    out: Option<PathBuf>,
-}
+/// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
+pub type Args = super::RoundArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
