@@ -89,6 +89,33 @@ pub fn probe(command: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Runs a cargo build `command` (`build`, `test --no-run`) and returns the artifacts it
+/// reports (compiler diagnostics still reach the terminal).
+///
+/// # Errors
+/// If cargo cannot be run or the build fails.
+pub fn cargo_artifacts(command: &mut Command) -> anyhow::Result<Vec<cargo_metadata::Artifact>> {
+    command
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped());
+    echo(command);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("could not run `{}`", display(command)))?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let artifacts = cargo_metadata::Message::parse_stream(std::io::BufReader::new(stdout))
+        .filter_map(|message| match message {
+            Ok(cargo_metadata::Message::CompilerArtifact(artifact)) => Some(artifact),
+            _ => None,
+        })
+        .collect();
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{}`", display(command)))?;
+    check(command, status)?;
+    Ok(artifacts)
+}
+
 /// Turns a non-zero exit of `command` into an error naming it.
 ///
 /// # Errors

@@ -34,8 +34,8 @@ enum Command {
     Demo(demo::Args),
     /// Run a benchmark and write its results as JSON.
     Bench(bench::Args),
-    /// Run the privileged tests in a QEMU guest with Debian 12's cloud kernel (kprobes,
-    /// fentry), after `--` arguments for the test binaries.
+    /// Run the privileged tests in QEMU guests (kernels with kprobes and the tail-drop
+    /// fix), after `--` arguments for the test binaries.
     Vm(vm::Args),
 }
 

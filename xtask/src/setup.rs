@@ -28,9 +28,6 @@ const APT_PACKAGES: &[&str] = &[
     "binutils",
 ];
 
-/// Rust targets: static musl binaries for the VM guest, which has no libc.
-const RUST_TARGETS: &[&str] = &["x86_64-unknown-linux-musl"];
-
 /// aya attaches classic tracepoints through tracefs, which is not mounted by default here.
 const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -48,9 +45,6 @@ pub fn run(_args: &Args) -> anyhow::Result<()> {
     let mut done = Vec::new();
     if nightly_components()? {
         done.push("nightly components");
-    }
-    if rust_targets()? {
-        done.push("rust targets");
     }
     if bpf_linker()? {
         done.push("bpf-linker");
@@ -109,21 +103,6 @@ fn is_component(line: &str, component: &str) -> bool {
             .strip_prefix(component)
             .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|triple| triple.matches('-').count() >= 2)
-}
-
-fn rust_targets() -> anyhow::Result<bool> {
-    let installed = cmd::probe(cmd::new("rustup").args(["target", "list", "--installed"]))
-        .context("`rustup target list --installed` failed")?;
-    let missing: Vec<&str> = RUST_TARGETS
-        .iter()
-        .copied()
-        .filter(|target| !installed.lines().any(|line| line.trim() == *target))
-        .collect();
-    if missing.is_empty() {
-        return Ok(false);
-    }
-    cmd::run(cmd::new("rustup").args(["target", "add"]).args(&missing))?;
-    Ok(true)
 }
 
 fn bpf_linker() -> anyhow::Result<bool> {

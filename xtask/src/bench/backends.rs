@@ -37,7 +37,20 @@ use super::{
     WATCH_LOAD_ARGS, default_out, load_args, median, round_order, runs_dir, watched_xmit_calls,
     write_json,
 };
+use tap_probe_guest::image::sh_quote;
+use tap_probe_guest::{AccelChoice, Booted, Image, KernelSpec, Launcher, Series, Verdict, launch};
+
 use crate::{cmd, vm};
+
+/// Builds the release tap-probe (the one the benchmark measures) and returns its path.
+fn release_tap_probe() -> anyhow::Result<PathBuf> {
+    cmd::cargo_artifacts(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?
+        .into_iter()
+        .filter(|artifact| artifact.target.name == "tap-probe")
+        .find_map(|artifact| artifact.executable)
+        .map(Into::into)
+        .context("cargo build built no tap-probe binary")
+}
 
 /// Seconds the load waits before sending: the watch finds the load's tap at its next
 /// refresh (every half second), which takes longer in an emulated guest.
@@ -144,40 +157,59 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let out = args.out.clone().unwrap_or_else(|| default_out("backends"));
     let dir = runs_dir(&out)?;
-    let kernel = vm::GuestKernel::fetch(&cmd::target_dir().join("vm"))?;
-    let tap_probe = vm::build_release()?;
+    let (kernel, modules) = vm::prepare(&vm::Guest {
+        kernel: KernelSpec::Debian(Series::Debian6_1),
+        modules: Vec::new(),
+        modules_dir: None,
+    })?;
+    let tap_probe = release_tap_probe()?;
     let timeout_s = args.timeout_s();
     eprintln!(
         "==> bench backends: {} rounds of {} s runs in the guest (timeout {timeout_s} s)",
         args.rounds, args.duration
     );
-    let booted = vm::boot(
-        &kernel,
-        &tap_probe,
-        &vm::Payload {
-            executables: Vec::new(),
-            script: guest_script(args.rounds, args.duration),
-        },
-        &vm::BootOptions {
-            accel: vm::AccelChoice::Auto,
+    let mut image = Image::new(&kernel.release, modules, &dir.join("scratch"))?;
+    image.executable("/bin/tap-probe", &tap_probe)?;
+    image.script(&guest_script(args.rounds, args.duration));
+    // The records are long; the progress lines around them say what runs.
+    let mut echo = |line: &str| {
+        if !line.starts_with(RECORD_PREFIX) {
+            println!("{line}");
+        }
+    };
+    let ran = tap_probe_guest::boot(
+        &mut Launcher::new(AccelChoice::Auto, "xtask bench"),
+        tap_probe_guest::Boot {
+            kernel: &kernel,
+            image,
+            dir: &dir,
+            cpus: 2,
+            memory_mib: 2048,
             timeout: Duration::from_secs(timeout_s),
-            // The records are long; the progress lines around them say what runs.
-            echo: |line| !line.starts_with(RECORD_PREFIX),
-            dir: dir.clone(),
+            echo: &mut echo,
+            stdout: None,
+            collect_into: None,
         },
     )?;
+    let booted = &ran.booted;
     let records = parse_records(&booted.outcome.lines)?;
-    let results = summarize(args, kernel.release(), &booted, &records);
+    let results = summarize(args, &kernel.release, booted, &records);
     print_table(&results);
     write_json(&out, &results)?;
     eprintln!(
         "xtask bench backends: results in {} (console log {}); {}, all {:.1} s",
         out.display(),
-        booted.log.display(),
+        ran.log.display(),
         booted.times(),
         started.elapsed().as_secs_f64()
     );
-    let verdict = vm::check_verdict(booted.outcome.verdict, timeout_s);
+    let verdict = match &booted.outcome.verdict {
+        Verdict::Success => Ok(()),
+        other => Err(anyhow::anyhow!(
+            "the guest failed: {}",
+            launch::describe(other)
+        )),
+    };
     if !results.problems.is_empty() {
         let problems = results.problems.join("; ");
         return Err(match verdict {
@@ -199,7 +231,7 @@ fn guest_script(rounds: u32, duration: u32) -> String {
     let quote = |words: &[String]| {
         words
             .iter()
-            .map(|word| vm::sh_quote(word))
+            .map(|word| sh_quote(word))
             .collect::<Vec<_>>()
             .join(" ")
     };
@@ -221,7 +253,7 @@ fn guest_script(rounds: u32, duration: u32) -> String {
     ];
     let mut script = String::new();
     for (name, value) in settings {
-        let _ = writeln!(script, "{name}={}", vm::sh_quote(&value));
+        let _ = writeln!(script, "{name}={}", sh_quote(&value));
     }
     script.push_str(GUEST_FUNCTIONS);
     let rounds = std::iter::once(("warm-up".to_owned(), Variant::ALL))
@@ -409,7 +441,7 @@ struct Goal {
     status: String,
 }
 
-fn summarize(args: &Args, kernel: &str, booted: &vm::Booted, records: &[Record]) -> Results {
+fn summarize(args: &Args, kernel: &str, booted: &Booted, records: &[Record]) -> Results {
     let evaluated = |warm_up: bool| -> Vec<Run> {
         records
             .iter()
