@@ -1,9 +1,9 @@
 //! Debian packages through apt's own client, without installing them and without touching
-//! the host's apt configuration. Suites the host already lists (bookworm and
-//! bookworm-security for its own kernels) are read through the host's lists; other suites
-//! (experimental and sid, where Linux 7.3 is) through a private sources list and lists
-//! directory in the cache, with the archive address and keyring copied from the host's own
-//! Debian entry.
+//! the host's apt configuration or state: each channel is a private apt root in the cache,
+//! configured through its own `APT_CONFIG` file (apt reads that file before anything under
+//! `/etc/apt`, so the host's `apt.conf.d` hooks and index targets stay out; `-o` options come
+//! too late for that). Its sources copy the host's own Debian entry: the archive address and
+//! keyring are read from `/etc/apt/sources.list.d/debian.sources`, never written here.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -13,78 +13,85 @@ use anyhow::{Context as _, bail};
 
 use crate::cmd;
 
-/// Where the host's deb822 sources live; the first entry whose URI serves Debian's main
-/// archive (not the security one) gives the address and keyring for the private list.
+/// The host's deb822 sources, whose entries the channels copy.
 const HOST_SOURCES: &str = "/etc/apt/sources.list.d/debian.sources";
 
-/// An apt client: the host's configuration, or a private one.
+/// A set of suites with its own apt root. They are kept apart so that a package in one never
+/// shadows the other's (`linux-image-cloud-amd64` is 6.1 in bookworm, 7.2 in sid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// The host's own suites (Debian 12: bookworm, bookworm-updates, bookworm-security).
+    Stable,
+    /// sid and experimental, from the host's main archive.
+    Unstable,
+}
+
+impl Channel {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Stable => "stable",
+            Self::Unstable => "unstable",
+        }
+    }
+}
+
+/// An apt client over one channel's private root.
 #[derive(Debug, Clone)]
 pub struct Apt {
-    /// `-o` options that point apt at a private configuration; empty for the host's.
-    options: Vec<String>,
-    /// The private list's directory, for messages.
-    private: Option<PathBuf>,
+    root: PathBuf,
+    config: PathBuf,
 }
 
 impl Apt {
-    /// The host's own apt configuration.
-    #[must_use]
-    pub fn host() -> Self {
-        Self {
-            options: Vec::new(),
-            private: None,
-        }
-    }
-
-    /// A private apt for `suites` of the host's Debian archive, its state under `dir`.
-    /// Updates its lists when they are missing or older than a day.
+    /// The channel's apt root under `dir`, created and its lists updated when missing, when
+    /// the host's sources changed, or when older than a day.
     ///
     /// # Errors
-    /// If the host has no Debian archive entry to copy, or `apt-get update` fails.
-    pub fn private(dir: &Path, suites: &[&str]) -> anyhow::Result<Self> {
-        let lists = dir.join("lists");
-        let cache = dir.join("cache");
-        std::fs::create_dir_all(lists.join("partial"))
-            .with_context(|| format!("creating {}", lists.display()))?;
-        std::fs::create_dir_all(cache.join("archives/partial"))
-            .with_context(|| format!("creating {}", cache.display()))?;
-        let host = std::fs::read_to_string(HOST_SOURCES).with_context(|| {
-            format!("reading {HOST_SOURCES}, whose Debian archive entry the private list copies")
-        })?;
-        let (uri, keyring) = debian_archive(&host).with_context(|| {
-            format!("no Debian archive entry (URIs, Signed-By) in {HOST_SOURCES}")
-        })?;
-        let list = dir.join("sources.list");
-        let mut text = String::new();
-        for suite in suites {
-            let _ = writeln!(text, "deb [signed-by={keyring}] {uri} {suite} main");
+    /// If the host has no Debian entry to copy, or `apt-get update` fails.
+    pub fn open(dir: &Path, channel: Channel) -> anyhow::Result<Self> {
+        let root = dir.join(channel.name());
+        for sub in [
+            "lists/partial",
+            "cache/archives/partial",
+            "state",
+            "log",
+            "apt.conf.d",
+            "sources.list.d",
+            "preferences.d",
+        ] {
+            std::fs::create_dir_all(root.join(sub))
+                .with_context(|| format!("creating {}", root.join(sub).display()))?;
         }
-        let changed = std::fs::read_to_string(&list).ok().as_deref() != Some(text.as_str());
-        std::fs::write(&list, &text).with_context(|| format!("writing {}", list.display()))?;
-        let apt = Self {
-            options: vec![
-                format!("Dir::Etc::sourcelist={}", list.display()),
-                "Dir::Etc::sourceparts=-".to_owned(),
-                format!("Dir::State::Lists={}", lists.display()),
-                format!("Dir::Cache={}", cache.display()),
-                // The host's dpkg status is read, never written; no lock on it is needed.
-                "Debug::NoLocking=1".to_owned(),
-            ],
-            private: Some(dir.to_path_buf()),
-        };
-        if changed || stale(&lists) {
+        let status = root.join("status");
+        if !status.exists() {
+            // An empty dpkg status: nothing of the host's installation is consulted.
+            std::fs::write(&status, "")?;
+        }
+        let config = root.join("apt.conf");
+        std::fs::write(&config, config_text(&root)?)
+            .with_context(|| format!("writing {}", config.display()))?;
+        let host = std::fs::read_to_string(HOST_SOURCES)
+            .with_context(|| format!("reading {HOST_SOURCES}, the Debian entry to copy"))?;
+        let codename = os_codename().context("no VERSION_CODENAME in /etc/os-release")?;
+        let sources = sources_list(&host, &codename, channel).with_context(|| {
+            format!("no Debian entry (URIs, Suites, Signed-By) in {HOST_SOURCES}")
+        })?;
+        let list = root.join("sources.list");
+        let changed = std::fs::read_to_string(&list).ok().as_deref() != Some(sources.as_str());
+        std::fs::write(&list, &sources).with_context(|| format!("writing {}", list.display()))?;
+        let apt = Self { root, config };
+        if changed || stale(&apt.root.join("lists")) {
             cmd::run(apt.command("apt-get").args(["update", "-q"]))
-                .context("updating the private apt lists")?;
+                .with_context(|| format!("updating the {} package lists", channel.name()))?;
         }
         Ok(apt)
     }
 
     fn command(&self, program: &str) -> Command {
         let mut command = Command::new(program);
-        for option in &self.options {
-            command.arg("-o").arg(option);
-        }
-        command.env("DEBIAN_FRONTEND", "noninteractive");
+        command
+            .env("APT_CONFIG", &self.config)
+            .env("DEBIAN_FRONTEND", "noninteractive");
         command
     }
 
@@ -114,33 +121,93 @@ impl Apt {
             .unwrap_or_default()
     }
 
-    /// What `package`'s candidate version depends on (`apt-cache depends`).
-    #[must_use]
-    pub fn depends(&self, package: &str) -> Vec<String> {
-        cmd::probe(self.command("apt-cache").args(["depends", package]))
-            .map(|out| {
-                out.lines()
-                    .filter_map(|line| line.trim().strip_prefix("Depends:"))
-                    .map(|name| name.trim().trim_matches(['<', '>']).to_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// Updates the host's lists (when they do not know a package the host's suites have).
+    /// The newest version of any package named `prefix` + X where `accept(X)`, as (name,
+    /// version), over every version apt lists (not its candidate: experimental's priority
+    /// plays no part).
     ///
     /// # Errors
-    /// If `apt-get update` fails (it needs root).
-    pub fn update(&self) -> anyhow::Result<()> {
-        cmd::run(self.command("apt-get").args(["update", "-q"]))
+    /// If no such package is known.
+    pub fn newest(
+        &self,
+        prefix: &str,
+        accept: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<(String, String)> {
+        let mut best: Option<(String, String)> = None;
+        for name in self.names(prefix) {
+            if !name.strip_prefix(prefix).is_some_and(&accept) {
+                continue;
+            }
+            if let Some(version) = self.versions(&name).into_iter().next()
+                && best
+                    .as_ref()
+                    .is_none_or(|(_, v)| compare_versions(&version, v).is_gt())
+            {
+                best = Some((name, version));
+            }
+        }
+        best.with_context(|| {
+            format!(
+                "Debian has no {prefix}* package that apt can see ({})",
+                self.root.display()
+            )
+        })
     }
 
-    /// Downloads `package` at `version` into `dir` and returns the `.deb`'s path.
+    /// The packages `package` at `version` depends on.
+    #[must_use]
+    pub fn depends(&self, package: &str, version: &str) -> Vec<String> {
+        cmd::probe(
+            self.command("apt-cache")
+                .args(["show", "--no-all-versions"])
+                .arg(format!("{package}={version}")),
+        )
+        .map(|out| {
+            out.lines()
+                .filter_map(|line| line.strip_prefix("Depends:"))
+                .flat_map(|list| list.split(','))
+                .filter_map(|dep| dep.split_whitespace().next().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Fails naming `package` when apt does not know it at `version`.
+    ///
+    /// # Errors
+    /// When it does not.
+    pub fn require(&self, package: &str, version: &str) -> anyhow::Result<()> {
+        if self.versions(package).iter().any(|v| v == version) {
+            Ok(())
+        } else {
+            bail!("Debian no longer has {package} (= {version})")
+        }
+    }
+
+    /// Downloads `package` at `version` into `dir` (unless it is there) and returns the
+    /// `.deb`'s path.
     ///
     /// # Errors
     /// If apt cannot download it.
     pub fn download(&self, package: &str, version: &str, dir: &Path) -> anyhow::Result<PathBuf> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let find = || {
+            // apt names the file NAME_VERSION_ARCH.deb, with the epoch's colon escaped.
+            let stem = format!("{package}_{}_", version.replace(':', "%3a"));
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .find(|path| {
+                    path.extension().is_some_and(|ext| ext == "deb")
+                        && path
+                            .file_name()
+                            .and_then(|name| name.to_str())
+                            .is_some_and(|name| name.starts_with(&stem))
+                })
+        };
+        if let Some(deb) = find() {
+            return Ok(deb);
+        }
         // `apt-get download` writes into the current directory.
         cmd::run(
             self.command("apt-get")
@@ -148,30 +215,104 @@ impl Apt {
                 .arg(format!("{package}={version}"))
                 .current_dir(dir),
         )
-        .with_context(|| match &self.private {
-            Some(private) => format!(
-                "downloading {package} {version} (private apt state in {})",
-                private.display()
-            ),
-            None => format!("downloading {package} {version}"),
-        })?;
-        std::fs::read_dir(dir)?
-            .filter_map(Result::ok)
-            .map(|entry| entry.path())
-            .find(|path| {
-                path.extension().is_some_and(|ext| ext == "deb")
-                    && path
-                        .file_name()
-                        .and_then(|name| name.to_str())
-                        .is_some_and(|name| name.starts_with(&format!("{package}_")))
-            })
-            .with_context(|| {
-                format!(
-                    "apt-get download left no {package} .deb in {}",
-                    dir.display()
-                )
-            })
+        .with_context(|| format!("downloading {package} {version}"))?;
+        find().with_context(|| {
+            format!(
+                "apt-get download left no {package} .deb in {}",
+                dir.display()
+            )
+        })
     }
+}
+
+/// The private root's apt configuration: every directory apt would read or write is inside
+/// `root`; the host's `/etc/apt` is not read at all.
+fn config_text(root: &Path) -> anyhow::Result<String> {
+    let root = root.to_str().context("the cache path is not UTF-8")?;
+    let mut text = String::new();
+    for (key, value) in [
+        ("Dir::Etc::main", "/dev/null".to_owned()),
+        ("Dir::Etc::parts", format!("{root}/apt.conf.d")),
+        ("Dir::Etc::sourcelist", format!("{root}/sources.list")),
+        // An empty directory: `-` in a configuration file would be a relative path.
+        ("Dir::Etc::sourceparts", format!("{root}/sources.list.d")),
+        ("Dir::Etc::preferences", format!("{root}/preferences")),
+        (
+            "Dir::Etc::preferencesparts",
+            format!("{root}/preferences.d"),
+        ),
+        ("Dir::State", format!("{root}/state")),
+        ("Dir::State::Lists", format!("{root}/lists")),
+        ("Dir::State::status", format!("{root}/status")),
+        ("Dir::Cache", format!("{root}/cache")),
+        ("Dir::Cache::archives", format!("{root}/cache/archives")),
+        ("Dir::Log", format!("{root}/log")),
+        ("Acquire::Languages", "none".to_owned()),
+        ("Acquire::GzipIndexes", "true".to_owned()),
+        // Mirrors that serve a snapshot of the archive serve Release files past their
+        // Valid-Until date; the host's own apt configuration accepts them the same way.
+        ("Acquire::Check-Valid-Until", "false".to_owned()),
+    ] {
+        let _ = writeln!(text, "{key} \"{value}\";");
+    }
+    // As root, apt downloads as its sandbox user `_apt`, which cannot enter a private home
+    // directory; other users download as themselves anyway.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        text.push_str("APT::Sandbox::User \"root\";\n");
+    }
+    Ok(text)
+}
+
+/// `VERSION_CODENAME` from `/etc/os-release`: the suite the host's main entry carries.
+fn os_codename() -> Option<String> {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("VERSION_CODENAME="))
+        .map(|name| name.trim_matches('"').to_owned())
+}
+
+/// The channel's sources list, from the host's deb822 `sources` text: for `Stable` a copy
+/// of every Debian entry; for `Unstable` sid and experimental from the entry that carries
+/// the host's own release (`codename`), i.e. the main archive.
+fn sources_list(host: &str, codename: &str, channel: Channel) -> Option<String> {
+    let mut out = String::new();
+    for stanza in host.split("\n\n") {
+        let field = |name: &str| {
+            stanza.lines().find_map(|line| {
+                if line.trim_start().starts_with('#') {
+                    return None;
+                }
+                let (key, value) = line.split_once(':')?;
+                (key.trim() == name).then(|| value.trim().to_owned())
+            })
+        };
+        let (Some(uris), Some(suites), Some(keyring)) =
+            (field("URIs"), field("Suites"), field("Signed-By"))
+        else {
+            continue;
+        };
+        let components = field("Components").unwrap_or_else(|| "main".to_owned());
+        for uri in uris.split_whitespace() {
+            match channel {
+                Channel::Stable => {
+                    for suite in suites.split_whitespace() {
+                        let _ =
+                            writeln!(out, "deb [signed-by={keyring}] {uri} {suite} {components}");
+                    }
+                }
+                Channel::Unstable => {
+                    if suites.split_whitespace().any(|suite| suite == codename) {
+                        for suite in ["sid", "experimental"] {
+                            let _ = writeln!(out, "deb [signed-by={keyring}] {uri} {suite} main");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Unpacks the `.deb` at `deb` into `dir` (`dpkg-deb -x`: files only, no scripts run).
@@ -194,31 +335,6 @@ fn stale(lists: &Path) -> bool {
         .filter_map(|entry| entry.metadata().ok()?.modified().ok())
         .max();
     newest.is_none_or(|time| time.elapsed().is_ok_and(|age| age > LISTS_MAX_AGE))
-}
-
-/// The URI and keyring of the main Debian archive in deb822 `sources` text.
-fn debian_archive(sources: &str) -> Option<(String, String)> {
-    sources.split("\n\n").find_map(|stanza| {
-        let field = |name: &str| {
-            stanza.lines().find_map(|line| {
-                let (key, value) = line.split_once(':')?;
-                (key.trim() == name).then(|| value.trim().to_owned())
-            })
-        };
-        let uri = field("URIs")?;
-        let suites = field("Suites")?;
-        // The security archive serves only `<suite>-security`.
-        if suites
-            .split_whitespace()
-            .all(|suite| suite.ends_with("-security"))
-        {
-            return None;
-        }
-        Some((
-            uri.split_whitespace().next()?.to_owned(),
-            field("Signed-By")?,
-        ))
-    })
 }
 
 /// Debian version order (`dpkg --compare-versions`), enough for kernel versions: epoch,
@@ -287,20 +403,6 @@ fn compare_part(a: &str, b: &str) -> std::cmp::Ordering {
     std::cmp::Ordering::Equal
 }
 
-/// Fails with a message naming `package` when apt knows no version of it.
-///
-/// # Errors
-/// When `versions` is empty.
-pub fn newest(package: &str, versions: &[String], where_: &str) -> anyhow::Result<String> {
-    match versions.first() {
-        Some(version) => Ok(version.clone()),
-        None => bail!(
-            "Debian no longer has (or apt does not know) {package} in {where_}; give a kernel \
-             with --kernel PATH instead"
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::cmp::Ordering;
@@ -327,21 +429,47 @@ mod tests {
         assert_eq!(compare_versions("6.1.0", "6.1.0"), Ordering::Equal);
     }
 
+    const HOST: &str = "Types: deb\n# http://snapshot.debian.org/archive/debian/20250520T000000Z\n\
+                        URIs: http://deb.debian.org/debian\n\
+                        Suites: bookworm bookworm-updates\nComponents: main\n\
+                        Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
+                        Types: deb\nURIs: http://deb.debian.org/debian-security\n\
+                        Suites: bookworm-security\nComponents: main\n\
+                        Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
+
     #[test]
-    fn the_main_archive_entry_is_found() {
-        let sources = "Types: deb\nURIs: http://deb.debian.org/debian\n\
-                       Suites: bookworm bookworm-updates\nComponents: main\n\
-                       Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n\
-                       Types: deb\nURIs: http://deb.debian.org/debian-security\n\
-                       Suites: bookworm-security\nComponents: main\n\
-                       Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n";
+    fn the_stable_channel_copies_the_hosts_entries() {
+        let list = sources_list(HOST, "bookworm", Channel::Stable).expect("entries");
+        let key = "[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]";
         assert_eq!(
-            debian_archive(sources),
-            Some((
-                "http://deb.debian.org/debian".to_owned(),
-                "/usr/share/keyrings/debian-archive-keyring.gpg".to_owned()
-            ))
+            list,
+            format!(
+                "deb {key} http://deb.debian.org/debian bookworm main\n\
+                 deb {key} http://deb.debian.org/debian bookworm-updates main\n\
+                 deb {key} http://deb.debian.org/debian-security bookworm-security main\n"
+            )
         );
-        assert_eq!(debian_archive("Types: deb\n"), None);
+    }
+
+    #[test]
+    fn the_unstable_channel_takes_the_main_archive() {
+        let list = sources_list(HOST, "bookworm", Channel::Unstable).expect("entries");
+        assert_eq!(list.lines().count(), 2);
+        assert!(list.contains("http://deb.debian.org/debian sid main"));
+        assert!(list.contains("http://deb.debian.org/debian experimental main"));
+        assert!(!list.contains("security"));
+        assert_eq!(
+            sources_list("Types: deb\n", "bookworm", Channel::Stable),
+            None
+        );
+    }
+
+    #[test]
+    fn the_config_keeps_apt_inside_its_root() {
+        let text = config_text(Path::new("/c/apt/stable")).expect("UTF-8");
+        assert!(text.contains("Dir::Etc::main \"/dev/null\";"));
+        assert!(text.contains("Dir::Etc::parts \"/c/apt/stable/apt.conf.d\";"));
+        assert!(text.contains("Dir::State::status \"/c/apt/stable/status\";"));
+        assert!(!text.contains("/etc/apt"));
     }
 }

@@ -23,6 +23,15 @@ pub fn modinfo(module: &[u8], key: &str) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
+/// Whether the ELF file has a section called `name`.
+///
+/// # Errors
+/// If `data` is not an ELF file.
+pub fn has_section(data: &[u8], name: &str) -> anyhow::Result<bool> {
+    let file = object::File::parse(data).context("not an ELF file")?;
+    Ok(file.section_by_name(name).is_some())
+}
+
 /// Whether the executable names a dynamic loader (`PT_INTERP`): such a binary needs its
 /// libraries in the guest. Static-pie executables (Rust's musl default) count as static.
 ///
@@ -42,6 +51,8 @@ mod tests {
         let me = std::fs::read(std::env::current_exe().expect("own path")).expect("own binary");
         // Built for the host's glibc target.
         assert!(is_dynamic(&me).expect("an ELF file"));
+        assert!(has_section(&me, ".text").expect("an ELF file"));
+        assert!(!has_section(&me, ".no-such-section").expect("an ELF file"));
         assert!(modinfo(&me, "depends").is_err(), "not a module");
     }
 

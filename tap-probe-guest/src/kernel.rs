@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use anyhow::{Context as _, bail};
 
-use crate::apt::{self, Apt};
+use crate::apt::{self, Apt, Channel};
 use crate::elf;
 
 /// A Debian cloud kernel series this knows how to find.
@@ -195,83 +195,76 @@ fn debian(series: Series, cache: &Path) -> anyhow::Result<Kernel> {
     open_tree(&dir, &format!("{} ({image} {version})", series.name()))
 }
 
-/// The packages of `series`' newest kernel.
+/// The packages of `series`' newest kernel: the image's first.
 fn packages(series: Series, apt_dir: &Path) -> anyhow::Result<Packages> {
     match series {
         Series::Debian6_1 => {
-            // The metapackage depends on the newest `linux-image-6.1.0-NN-cloud-amd64`.
-            let apt = Apt::host();
-            let meta = "linux-image-cloud-amd64";
-            let mut image = image_dependency(&apt.depends(meta));
-            if image.is_none() {
-                eprintln!("tap-probe-guest: apt does not know {meta}; running apt-get update");
-                apt.update()?;
-                image = image_dependency(&apt.depends(meta));
-            }
-            let image = image.with_context(|| {
-                format!("apt knows no kernel that {meta} depends on (bookworm)")
-            })?;
-            let version = apt::newest(&image, &apt.versions(&image), "bookworm")?;
+            // The metapackage's newest version depends on the newest 6.1 ABI's image, at the
+            // same version.
+            let apt = Apt::open(apt_dir, Channel::Stable)?;
+            let (meta, version) = apt.newest("linux-image-cloud-amd64", str::is_empty)?;
+            let image = apt
+                .depends(&meta, &version)
+                .into_iter()
+                .find(|name| name.starts_with("linux-image-6.1.") && name.ends_with("-cloud-amd64"))
+                .with_context(|| format!("{meta} {version} depends on no 6.1 kernel image"))?;
+            apt.require(&image, &version)?;
             Ok(Packages {
                 apt,
                 debs: vec![(image, version)],
             })
         }
         Series::Debian6_12 => {
-            // bookworm-security carries 6.12 as `linux-image-6.12.NNN+deb12-cloud-amd64-unsigned`,
-            // one package per ABI; the newest ABI wins.
-            let apt = Apt::host();
-            let mut names = debian_6_12_images(&apt);
-            if names.is_empty() {
-                apt.update()?;
-                names = debian_6_12_images(&apt);
-            }
-            let mut best: Option<(String, String)> = None;
-            for name in names {
-                if let Some(version) = apt.versions(&name).into_iter().next()
-                    && best
-                        .as_ref()
-                        .is_none_or(|(_, v)| apt::compare_versions(&version, v).is_gt())
-                {
-                    best = Some((name, version));
-                }
-            }
-            let best = best.context(
-                "apt knows no linux-image-6.12.*-cloud-amd64-unsigned (bookworm-security)",
-            )?;
+            let apt = Apt::open(apt_dir, Channel::Stable)?;
+            let (image, version) = apt.newest("linux-image-6.12.", |rest| {
+                debian_6_12_abi(&format!("linux-image-6.12.{rest}")).is_some()
+            })?;
             Ok(Packages {
                 apt,
-                debs: vec![best],
+                debs: vec![(image, version)],
             })
         }
         Series::Debian7_3 => {
-            let apt = Apt::private(apt_dir, &["experimental", "sid"])?;
-            let mut debs = Vec::new();
-            for package in [
-                "linux-binary-7.3-cloud-amd64",
-                "linux-modules-7.3-cloud-amd64",
-            ] {
-                let version = apt::newest(package, &apt.versions(package), "experimental or sid")?;
-                debs.push((package.to_owned(), version));
+            // `linux-binary-7.3-cloud-amd64` in experimental, `linux-binary-7.3.N+debNN-
+            // cloud-amd64` once in sid: vmlinuz alone; the modules and `linux-base` (the
+            // config and `modules.builtin`) are separate packages of the same version.
+            let apt = Apt::open(apt_dir, Channel::Unstable)?;
+            let (binary, version) = apt.newest("linux-binary-7.3", |rest| {
+                rest.strip_suffix("-cloud-amd64").is_some_and(|abi| {
+                    abi.is_empty()
+                        || abi.strip_prefix('.').is_some_and(|point| {
+                            point.split('+').next().is_some_and(|n| {
+                                !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+                            })
+                        })
+                })
+            })?;
+            let abi = binary
+                .strip_prefix("linux-binary-")
+                .and_then(|rest| rest.strip_suffix("-cloud-amd64"))
+                .context("unexpected 7.3 package name")?
+                .to_owned();
+            let mut debs = vec![(binary, version.clone())];
+            for kind in ["modules", "base"] {
+                let package = format!("linux-{kind}-{abi}-cloud-amd64");
+                apt.require(&package, &version)?;
+                debs.push((package, version.clone()));
             }
             Ok(Packages { apt, debs })
         }
     }
 }
 
-fn debian_6_12_images(apt: &Apt) -> Vec<String> {
-    apt.names("linux-image-6.12.")
-        .into_iter()
-        .filter(|name| name.ends_with("-cloud-amd64-unsigned"))
-        .collect()
-}
-
-/// The kernel image package among the metapackage's dependencies.
-fn image_dependency(depends: &[String]) -> Option<String> {
-    depends
-        .iter()
-        .find(|name| name.starts_with("linux-image-") && name.ends_with("-cloud-amd64"))
-        .cloned()
+/// The ABI of a 6.12 cloud image package name: `6.12.118+deb12` of
+/// `linux-image-6.12.118+deb12-cloud-amd64-unsigned`.
+#[must_use]
+pub fn debian_6_12_abi(name: &str) -> Option<&str> {
+    let abi = name
+        .strip_prefix("linux-image-")?
+        .strip_suffix("-cloud-amd64-unsigned")?;
+    let (point, deb) = abi.strip_prefix("6.12.")?.split_once("+deb")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(point) && digits(deb)).then_some(abi)
 }
 
 /// The newest complete unpacked kernel of `series` in `dir`.
@@ -622,13 +615,19 @@ mod tests {
     }
 
     #[test]
-    fn the_image_package_is_read_from_the_metapackage() {
-        let depends = vec!["linux-image-6.1.0-57-cloud-amd64".to_owned()];
+    fn the_6_12_abi_is_read_from_the_image_name() {
         assert_eq!(
-            image_dependency(&depends).as_deref(),
-            Some("linux-image-6.1.0-57-cloud-amd64")
+            debian_6_12_abi("linux-image-6.12.118+deb12-cloud-amd64-unsigned"),
+            Some("6.12.118+deb12")
         );
-        assert_eq!(image_dependency(&[]), None);
+        assert_eq!(
+            debian_6_12_abi("linux-image-6.12.118+deb12-cloud-amd64"),
+            None
+        );
+        assert_eq!(
+            debian_6_12_abi("linux-image-6.12.x+deb12-cloud-amd64-unsigned"),
+            None
+        );
     }
 
     #[test]

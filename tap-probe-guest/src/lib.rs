@@ -15,13 +15,13 @@
 
 pub mod apt;
 pub mod console;
+pub mod elf;
 pub mod image;
 pub mod kernel;
 pub mod launch;
 pub mod qemu;
 
 mod cmd;
-mod elf;
 mod initramfs;
 
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 mod bench;
 mod cmd;
 mod demo;
+mod seed_tun;
 mod setup;
 mod test;
 mod vm;
@@ -32,6 +33,9 @@ enum Command {
     Test(test::Args),
     /// Build tap-probe and run `tap-probe demo`.
     Demo(demo::Args),
+    /// Build the tail-drop fix as posted to netdev (v8 4/4 + v9 1/4) as a tun.ko for Debian's
+    /// newest 6.12 cloud kernel; prints the module's path last.
+    SeedTun(seed_tun::Args),
     /// Run a benchmark and write its results as JSON.
     Bench(bench::Args),
     /// Run the privileged tests in QEMU guests (kernels with kprobes and the tail-drop
@@ -44,6 +48,9 @@ fn main() -> ExitCode {
         Command::Setup(args) => setup::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run(&args),
+        Command::SeedTun(args) => setup::run(&setup::Args {})
+            .and_then(|()| seed_tun::run(&args))
+            .map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Vm(args) => setup::run(&setup::Args {})
             .and_then(|()| vm::run(&args))

@@ -16,9 +16,10 @@ const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];
 const BPF_LINKER_VERSION: &str = "0.10.3";
 
 /// Debian packages: iproute2 (`ip`, `tc` for test hosts), bpftrace (the overhead
-/// benchmark's reference tracer); for `cargo xtask vm`: QEMU, a static busybox for the
-/// guest's init, xz-utils for compressed kernel modules, binutils' `strip` to shrink the
-/// guest's binaries.
+/// benchmark's reference tracer); for the guests: QEMU, a static busybox for their init,
+/// xz-utils for compressed kernel modules, binutils' `strip` to shrink their binaries; for
+/// `cargo xtask seed-tun`: gcc, make and patch to build a module against Debian's kernel
+/// headers, and dwarves' pahole for its BTF.
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftrace",
@@ -26,6 +27,10 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "xz-utils",
     "binutils",
+    "gcc",
+    "make",
+    "patch",
+    "dwarves",
 ];
 
 /// aya attaches classic tracepoints through tracefs, which is not mounted by default here.

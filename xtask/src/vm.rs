@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tap_probe_guest::image::sh_quote;
-use tap_probe_guest::{AccelChoice, Image, Kernel, KernelSpec, Launcher, Verdict, launch};
+use tap_probe_guest::{AccelChoice, Image, Kernel, KernelSpec, Launcher, Series, Verdict, launch};
 
 use crate::cmd;
 
@@ -28,7 +28,8 @@ const BINARY_TIMEOUT_S: u32 = 8 * 60;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Kernels to run the tests on, one guest each: `debian-6.1`, `debian-6.12`,
-    /// `debian-7.3`, a bzImage or a kernel .deb [default: debian-6.1].
+    /// `debian-7.3`, a bzImage or a kernel .deb [default: the matrix `cargo xtask test`
+    /// runs: debian-6.1, debian-6.12 with `cargo xtask seed-tun`'s tun.ko, debian-7.3].
     #[arg(long = "kernel")]
     kernels: Vec<KernelSpec>,
     /// A module that replaces (or adds to) the kernel's own in every guest of this run: a
@@ -70,19 +71,18 @@ pub struct Guest {
 /// If a kernel cannot be found, the binaries cannot be built, QEMU cannot be run, or a
 /// guest does not report success.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let kernels = if args.kernels.is_empty() {
-        vec![KernelSpec::Debian(tap_probe_guest::Series::Debian6_1)]
+    let guests = if args.kernels.is_empty() {
+        matrix()?
     } else {
-        args.kernels.clone()
+        args.kernels
+            .iter()
+            .map(|kernel| Guest {
+                kernel: kernel.clone(),
+                modules: args.modules.clone(),
+                modules_dir: args.modules_dir.clone(),
+            })
+            .collect()
     };
-    let guests: Vec<Guest> = kernels
-        .into_iter()
-        .map(|kernel| Guest {
-            kernel,
-            modules: args.modules.clone(),
-            modules_dir: args.modules_dir.clone(),
-        })
-        .collect();
     run_tests(
         &guests,
         &Options {
@@ -92,6 +92,26 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             passthrough: args.passthrough.clone(),
         },
     )
+}
+
+/// The kernels the tests run on in CI: Debian 12's own 6.1 (stock: tail-drop); 6.12 with
+/// the tail-drop fix as posted (v8 4/4 + v9 1/4, built by `cargo xtask seed-tun`: stops the
+/// queue, returns BUSY on a lost race); 7.3 with the fix as merged (opt-in per tap with
+/// `IFF_BACKPRESSURE`, never BUSY).
+///
+/// # Errors
+/// If the 6.12 module cannot be built.
+pub fn matrix() -> anyhow::Result<Vec<Guest>> {
+    let guest = |series, modules| Guest {
+        kernel: KernelSpec::Debian(series),
+        modules,
+        modules_dir: None,
+    };
+    Ok(vec![
+        guest(Series::Debian6_1, Vec::new()),
+        guest(Series::Debian6_12, vec![crate::seed_tun::build()?]),
+        guest(Series::Debian7_3, Vec::new()),
+    ])
 }
 
 /// How to run the tests in guests.
