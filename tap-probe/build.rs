@@ -1,5 +1,7 @@
 use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
+// A build-dependency only so that cargo reruns this script when the eBPF crate changes.
+use tap_probe_ebpf as _;
 
 /// Builds the eBPF object with the nightly toolchain and bpf-linker, so a plain `cargo build`
 /// builds everything. `AYA_BUILD_SKIP=1` skips it (fmt, clippy and pure unit tests then run

@@ -71,7 +71,7 @@ impl std::fmt::Display for Sources {
 ///
 /// # Errors
 /// When a forced backend cannot attach, or no source at all works for a counter.
-pub fn attach(
+pub(crate) fn attach(
     ebpf: &mut Ebpf,
     backend: Backend,
     consume_location: bool,

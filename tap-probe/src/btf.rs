@@ -12,7 +12,7 @@ use btf_rs::{Btf, BtfType, Type};
 use tap_probe_common::KernelFacts;
 
 /// Where the kernel exposes its own BTF.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Bound on typedef/pointer chains and nested anonymous members; real kernels need a handful,
 /// this only guards against a malformed (cyclic) BTF.
@@ -22,7 +22,7 @@ const MAX_DEPTH: usize = 32;
 ///
 /// # Errors
 /// When the kernel has no BTF, or it cannot be read or parsed.
-pub fn load_vmlinux() -> Result<Btf> {
+pub(crate) fn load_vmlinux() -> Result<Btf> {
     let path = Path::new(VMLINUX_BTF);
     if !path.exists() {
         bail!(
@@ -38,7 +38,7 @@ pub fn load_vmlinux() -> Result<Btf> {
 ///
 /// # Errors
 /// Names the type or member that is missing, is a bitfield, or is not byte aligned.
-pub fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
+pub(crate) fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
     Ok(KernelFacts {
         skb_dev: offset_of(btf, "sk_buff", &["dev"])?,
         skb_queue_mapping: offset_of(btf, "sk_buff", &["queue_mapping"])?,
@@ -69,7 +69,7 @@ pub fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
 ///
 /// # Errors
 /// When the enum is missing.
-pub fn drop_reason_names(btf: &Btf) -> Result<BTreeMap<u32, String>> {
+pub(crate) fn drop_reason_names(btf: &Btf) -> Result<BTreeMap<u32, String>> {
     let mut names = BTreeMap::new();
     for (name, value) in enum_members(btf, "skb_drop_reason")? {
         let Ok(value) = u32::try_from(value) else {
@@ -90,7 +90,7 @@ pub fn drop_reason_names(btf: &Btf) -> Result<BTreeMap<u32, String>> {
 ///
 /// # Errors
 /// When the typedef is missing or is not shaped like a tracepoint's.
-pub fn tracepoint_args(btf: &Btf, tracepoint: &str) -> Result<Vec<(String, String)>> {
+pub(crate) fn tracepoint_args(btf: &Btf, tracepoint: &str) -> Result<Vec<(String, String)>> {
     let typedef_name = format!("btf_trace_{tracepoint}");
     let typedef = btf
         .resolve_types_by_name(&typedef_name)

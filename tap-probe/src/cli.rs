@@ -9,13 +9,13 @@ use clap::{Parser, Subcommand};
     version,
     about = "Count what happens to packets on the transmit path of tun/tap devices"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Attach to the running host and show per-device, per-queue transmit counters.
     Watch(crate::watch::Args),
     /// Run a self-contained demonstration in a private network namespace.
@@ -31,11 +31,26 @@ pub enum Command {
     Replay(crate::replay_cmd::Args),
 }
 
+/// The whole program: logging to stderr (`RUST_LOG`, warnings by default), the command
+/// line, the subcommand, and an exit code.
+#[must_use]
+pub fn main() -> std::process::ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = <Cli as clap::Parser>::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tap-probe: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the chosen subcommand.
 ///
 /// # Errors
 /// Whatever the subcommand reports.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Watch(args) => crate::watch::run(&args),
         Command::Demo(args) => crate::demo::run(&args),

@@ -15,24 +15,24 @@ use crate::traffic::SenderConfig;
 use crate::watch::{Stop, Watcher};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Seconds of traffic.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = secs)]
-    pub duration: f64,
+    pub(crate) duration: f64,
     /// Root qdisc on the tap.
     #[arg(long, value_enum, default_value_t = QdiscArg::PfifoFast)]
-    pub qdisc: QdiscArg,
+    pub(crate) qdisc: QdiscArg,
     /// Packets per second the emulated VM reads.
     #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub reader_pps: u64,
+    pub(crate) reader_pps: u64,
     /// Packets per second sent into the tap.
     #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub pps: u64,
+    pub(crate) pps: u64,
     /// Seconds between refreshes.
     #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = secs)]
-    pub interval: f64,
+    pub(crate) interval: f64,
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    pub(crate) format: Format,
 }
 
 fn secs(s: &str) -> Result<f64, String> {
@@ -47,7 +47,7 @@ fn secs(s: &str) -> Result<f64, String> {
 /// # Errors
 /// Missing privileges or kernel features, or a failing step; the namespace, tap and probes
 /// are removed in every case (they are guards), also on Ctrl-C and SIGTERM.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -27,7 +27,7 @@ pub enum DeviceKind {
 impl DeviceKind {
     /// The kind of a link, from its `IFLA_INFO_KIND` and tun type.
     #[must_use]
-    pub fn of(link: &Link) -> Self {
+    pub(crate) fn of(link: &Link) -> Self {
         match (link.kind.as_deref(), link.tun_kind) {
             (Some("tun"), Some(TunKind::Tap)) => Self::Tap,
             // A tun device whose type could not be read is reported as tun.
@@ -142,7 +142,7 @@ impl Discovery {
     ///
     /// # Errors
     /// When the namespaces cannot be listed at all.
-    pub fn describe_all(&mut self) -> Result<Vec<Device>> {
+    pub(crate) fn describe_all(&mut self) -> Result<Vec<Device>> {
         let namespaces = netns::list()?;
         let live: HashSet<u32> = namespaces.iter().map(|ns| ns.inode).collect();
         self.sockets.retain(|inode, _| live.contains(inode));

@@ -15,7 +15,7 @@ use crate::probe::Probe;
 use crate::{btf, kallsyms, privileges};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Aligned, human-readable text.
     #[default]
     Table,
@@ -24,7 +24,7 @@ pub enum Format {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
@@ -249,7 +249,7 @@ struct Report {
 ///
 /// # Errors
 /// Only when the report cannot be written; failed checks are part of the report.
-pub fn run(args: &Args) -> Result<()> {
+pub(crate) fn run(args: &Args) -> Result<()> {
     let report = collect();
     let text = match args.format {
         Format::Table => render_table(&report),

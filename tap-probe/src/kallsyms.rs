@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use anyhow::{Context as _, Result, bail};
 use tap_probe_common::{MAX_READER_RANGES, TextRange};
 
-pub const KALLSYMS: &str = "/proc/kallsyms";
+pub(crate) const KALLSYMS: &str = "/proc/kallsyms";
 
 /// The read-path functions and, for each, the functions it may be inlined into.
 const READ_PATHS: &[(&str, &[&str])] = &[
@@ -22,23 +22,23 @@ const READ_PATHS: &[(&str, &[&str])] = &[
 
 /// One kernel text symbol.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Symbol {
-    pub address: u64,
-    pub name: String,
+pub(crate) struct Symbol {
+    pub(crate) address: u64,
+    pub(crate) name: String,
     /// The module it belongs to, `None` for the kernel image.
-    pub module: Option<String>,
+    pub(crate) module: Option<String>,
 }
 
 /// A named range of kernel text, `[start, end)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NamedRange {
-    pub name: String,
-    pub range: TextRange,
+pub(crate) struct NamedRange {
+    pub(crate) name: String,
+    pub(crate) range: TextRange,
 }
 
 /// The text symbols of the running kernel, sorted by address.
 #[derive(Clone, Debug, Default)]
-pub struct Kallsyms {
+pub(crate) struct Kallsyms {
     symbols: Vec<Symbol>,
 }
 
@@ -48,7 +48,7 @@ impl Kallsyms {
     /// # Errors
     /// When it cannot be read, or when its addresses are hidden (all zero, see
     /// `kernel.kptr_restrict`).
-    pub fn read() -> Result<Self> {
+    pub(crate) fn read() -> Result<Self> {
         let text =
             std::fs::read_to_string(KALLSYMS).with_context(|| format!("reading {KALLSYMS}"))?;
         Self::parse(&text)
@@ -58,7 +58,7 @@ impl Kallsyms {
     ///
     /// # Errors
     /// When there are no text symbols, or every address is zero.
-    pub fn parse(text: &str) -> Result<Self> {
+    pub(crate) fn parse(text: &str) -> Result<Self> {
         let mut symbols = Vec::new();
         let mut any_nonzero = false;
         for line in text.lines() {
@@ -111,13 +111,13 @@ impl Kallsyms {
 
     /// Whether a text symbol called exactly `name` exists (in the kernel or a loaded module).
     #[must_use]
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.symbols.iter().any(|s| s.name == name)
     }
 
     /// All symbols called `name` or `name.<suffix>` (`.cold`, `.isra.0`, `.constprop.0`, ...).
     #[must_use]
-    pub fn variants(&self, name: &str) -> Vec<&Symbol> {
+    pub(crate) fn variants(&self, name: &str) -> Vec<&Symbol> {
         self.symbols
             .iter()
             .filter(|s| {
@@ -142,7 +142,7 @@ impl Kallsyms {
     /// The text ranges of the tun/tap read path, see the module documentation. At most
     /// [`MAX_READER_RANGES`]; extra ones are dropped with a warning.
     #[must_use]
-    pub fn reader_ranges(&self) -> Vec<NamedRange> {
+    pub(crate) fn reader_ranges(&self) -> Vec<NamedRange> {
         let mut ranges = Vec::new();
         for (function, inlined_into) in READ_PATHS {
             let direct = self.named_ranges(function);
@@ -196,7 +196,7 @@ impl Kallsyms {
 ///
 /// # Errors
 /// When `/proc/kallsyms` cannot be read or hides addresses.
-pub fn reader_ranges() -> Result<Vec<TextRange>> {
+pub(crate) fn reader_ranges() -> Result<Vec<TextRange>> {
     Ok(Kallsyms::read()?
         .reader_ranges()
         .into_iter()
@@ -208,7 +208,7 @@ pub fn reader_ranges() -> Result<Vec<TextRange>> {
 ///
 /// # Errors
 /// When `/proc/kallsyms` cannot be read or hides addresses.
-pub fn has_symbol(name: &str) -> Result<bool> {
+pub(crate) fn has_symbol(name: &str) -> Result<bool> {
     Ok(Kallsyms::read()?.has(name))
 }
 

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::os::fd::AsFd as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-use tap_probe_common::DeviceKey;
 
 use crate::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
 use crate::netns::{self, NamedNetns};
@@ -22,7 +21,7 @@ use crate::tap::{Tap, TapOptions};
 use crate::traffic::{self, ReadReport, ReaderConfig, SendReport, SenderConfig};
 
 /// The tap's name inside its private namespace.
-pub const TAP_NAME: &str = "tp-load0";
+pub(crate) const TAP_NAME: &str = "tp-load0";
 /// How long draining the ring after traffic may take at most.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// The reader outlives the sender by at most this (it is normally stopped explicitly).
@@ -30,7 +29,7 @@ const READER_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum QdiscArg {
+pub(crate) enum QdiscArg {
     Noqueue,
     PfifoFast,
     Pfifo,
@@ -47,43 +46,43 @@ impl From<QdiscArg> for RootQdisc {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
 }
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
     #[arg(long, value_enum)]
-    pub qdisc: Option<QdiscArg>,
+    pub(crate) qdisc: Option<QdiscArg>,
     /// Transmit queue length of the tap (also the size of its ring).
     #[arg(long, value_name = "N")]
-    pub tx_queue_len: Option<u32>,
+    pub(crate) tx_queue_len: Option<u32>,
     /// Packets per second the reader takes (a slow VM); unlimited when not given.
     #[arg(long, value_name = "N")]
-    pub reader_pps: Option<u64>,
+    pub(crate) reader_pps: Option<u64>,
     /// Packets to send at most.
     #[arg(long, default_value_t = 2_000_000)]
-    pub packets: u64,
+    pub(crate) packets: u64,
     /// Seconds to send at most.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    pub duration: f64,
+    pub(crate) duration: f64,
     /// Ethernet frame length in bytes.
     #[arg(long, default_value_t = 64)]
-    pub frame_len: usize,
+    pub(crate) frame_len: usize,
     /// Packets per second to send; as fast as possible when not given.
     #[arg(long, value_name = "N")]
-    pub pps: Option<u64>,
+    pub(crate) pps: Option<u64>,
     /// Frames per sendmmsg call.
     #[arg(long, default_value_t = 64)]
-    pub batch: usize,
+    pub(crate) batch: usize,
     /// Seconds to wait after the tap is up before sending (time for a separately started
     /// `tap-probe watch` to discover it).
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
-    pub start_delay: f64,
+    pub(crate) start_delay: f64,
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    pub(crate) format: Format,
 }
 
 /// Runs `tap-probe load`.
@@ -91,7 +90,7 @@ pub struct Args {
 /// # Errors
 /// When a step of the run fails or the run is interrupted; everything created is removed
 /// first.
-pub fn run(args: &Args) -> Result<()> {
+pub(crate) fn run(args: &Args) -> Result<()> {
     let cfg = LoadConfig {
         session: SessionConfig {
             qdisc: args.qdisc.map(RootQdisc::from),
@@ -152,27 +151,27 @@ fn secs(flag: &str, value: f64) -> Result<Duration> {
 
 /// The tap's setup.
 #[derive(Debug, Clone, Default)]
-pub struct SessionConfig {
+pub(crate) struct SessionConfig {
     /// Root qdisc to install; the kernel default (`pfifo_fast`) when `None`.
-    pub qdisc: Option<RootQdisc>,
-    pub tx_queue_len: Option<u32>,
+    pub(crate) qdisc: Option<RootQdisc>,
+    pub(crate) tx_queue_len: Option<u32>,
     /// Reader pace; unlimited when `None`.
-    pub reader_pps: Option<u64>,
+    pub(crate) reader_pps: Option<u64>,
     /// The reader stops by itself after this long (it is normally stopped by
     /// [`LoadSession::drain`] or drop); `None` means an hour.
-    pub reader_deadline: Option<Duration>,
+    pub(crate) reader_deadline: Option<Duration>,
 }
 
 /// A whole `load` run.
 #[derive(Debug, Clone)]
-pub struct LoadConfig {
-    pub session: SessionConfig,
-    pub packets: u64,
-    pub duration: Duration,
-    pub frame_len: usize,
-    pub pps: Option<u64>,
-    pub batch: usize,
-    pub start_delay: Duration,
+pub(crate) struct LoadConfig {
+    pub(crate) session: SessionConfig,
+    pub(crate) packets: u64,
+    pub(crate) duration: Duration,
+    pub(crate) frame_len: usize,
+    pub(crate) pps: Option<u64>,
+    pub(crate) batch: usize,
+    pub(crate) start_delay: Duration,
 }
 
 impl Default for LoadConfig {
@@ -191,41 +190,31 @@ impl Default for LoadConfig {
 
 /// Where the session's tap lives: enough to find it from a probe before traffic starts.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceIdentity {
-    pub netns_inode: u32,
-    pub netns_name: String,
-    pub netns_path: PathBuf,
-    pub ifindex: u32,
-    pub name: String,
-}
-
-impl DeviceIdentity {
-    #[must_use]
-    pub fn key(&self) -> DeviceKey {
-        DeviceKey {
-            netns: self.netns_inode,
-            ifindex: self.ifindex,
-        }
-    }
+pub(crate) struct DeviceIdentity {
+    pub(crate) netns_inode: u32,
+    pub(crate) netns_name: String,
+    pub(crate) netns_path: PathBuf,
+    pub(crate) ifindex: u32,
+    pub(crate) name: String,
 }
 
 /// Counters after a drain, relative to when the session started.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct DrainReport {
-    pub reader: ReadReport,
+pub(crate) struct DrainReport {
+    pub(crate) reader: ReadReport,
     /// Frames left in the ring when the reader stopped, read by the drain.
-    pub drained: u64,
+    pub(crate) drained: u64,
     /// Change of the tap's interface counters.
-    pub link: LinkStats,
+    pub(crate) link: LinkStats,
     /// Change of the root qdisc's counters (`qlen`/`backlog` are current values); `None`
     /// when the tap has no qdisc that reports any.
-    pub qdisc: Option<QdiscStats>,
+    pub(crate) qdisc: Option<QdiscStats>,
 }
 
 /// A namespace with an up tap in it and a reader thread on its queue. Dropping it stops
 /// the reader and removes the tap and the namespace.
 #[derive(Debug)]
-pub struct LoadSession {
+pub(crate) struct LoadSession {
     stop: Arc<AtomicBool>,
     reader_stop: Arc<AtomicBool>,
     reader: Option<JoinHandle<Result<ReadReport>>>,
@@ -247,7 +236,7 @@ impl LoadSession {
     ///
     /// # Errors
     /// When any step fails; whatever was created is removed again.
-    pub fn start(cfg: &SessionConfig, stop: Arc<AtomicBool>) -> Result<Self> {
+    pub(crate) fn start(cfg: &SessionConfig, stop: Arc<AtomicBool>) -> Result<Self> {
         static SESSIONS: AtomicU32 = AtomicU32::new(0);
         let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
@@ -297,13 +286,8 @@ impl LoadSession {
     }
 
     #[must_use]
-    pub fn device(&self) -> &DeviceIdentity {
+    pub(crate) fn device(&self) -> &DeviceIdentity {
         &self.device
-    }
-
-    #[must_use]
-    pub fn netns_path(&self) -> &Path {
-        &self.device.netns_path
     }
 
     /// Sends through the tap from inside its namespace. `ifindex` and `stop` of `cfg` are
@@ -311,7 +295,7 @@ impl LoadSession {
     ///
     /// # Errors
     /// When the sender fails.
-    pub fn send(&self, cfg: &SenderConfig) -> Result<SendReport> {
+    pub(crate) fn send(&self, cfg: &SenderConfig) -> Result<SendReport> {
         let cfg = SenderConfig {
             ifindex: self.device.ifindex,
             stop: Some(Arc::clone(&self.stop)),
@@ -324,7 +308,7 @@ impl LoadSession {
     ///
     /// # Errors
     /// When the netlink request fails.
-    pub fn link_stats(&mut self) -> Result<LinkStats> {
+    pub(crate) fn link_stats(&mut self) -> Result<LinkStats> {
         Ok(self.rtnl.link_by_index(self.device.ifindex)?.stats)
     }
 
@@ -333,7 +317,7 @@ impl LoadSession {
     ///
     /// # Errors
     /// When the reader failed or reading the counters fails.
-    pub fn drain(&mut self) -> Result<DrainReport> {
+    pub(crate) fn drain(&mut self) -> Result<DrainReport> {
         let reader = self.stop_reader().context("the reader thread failed")?;
         let tap = self
             .tap
@@ -433,42 +417,42 @@ fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
 
 /// What a `load` run did.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct LoadReport {
-    pub device: DeviceIdentity,
-    pub qdisc: String,
-    pub tx_queue_len: u32,
-    pub frame_len: usize,
-    pub pps_limit: Option<u64>,
-    pub reader_pps_limit: Option<u64>,
+pub(crate) struct LoadReport {
+    pub(crate) device: DeviceIdentity,
+    pub(crate) qdisc: String,
+    pub(crate) tx_queue_len: u32,
+    pub(crate) frame_len: usize,
+    pub(crate) pps_limit: Option<u64>,
+    pub(crate) reader_pps_limit: Option<u64>,
     /// Frames given to the kernel.
-    pub attempted: u64,
+    pub(crate) attempted: u64,
     /// Frames the stack accepted.
-    pub sent: u64,
+    pub(crate) sent: u64,
     /// Frames refused by a full qdisc.
-    pub enobufs: u64,
+    pub(crate) enobufs: u64,
     /// Frames the reader took while the sender ran.
-    pub read_by_reader: u64,
+    pub(crate) read_by_reader: u64,
     /// Frames left in the ring afterwards.
-    pub drained: u64,
+    pub(crate) drained: u64,
     /// Change of the tap's `tx_packets` (tun counts a packet when it is read).
-    pub kernel_tx_packets: u64,
+    pub(crate) kernel_tx_packets: u64,
     /// Change of the tap's `tx_dropped` (ring full, tail drop).
-    pub kernel_tx_dropped: u64,
-    pub qdisc_drops: Option<u64>,
-    pub qdisc_requeues: Option<u64>,
+    pub(crate) kernel_tx_dropped: u64,
+    pub(crate) qdisc_drops: Option<u64>,
+    pub(crate) qdisc_requeues: Option<u64>,
     /// Seconds spent sending.
-    pub elapsed_secs: f64,
+    pub(crate) elapsed_secs: f64,
     /// `sent / elapsed`.
-    pub sender_pps: f64,
+    pub(crate) sender_pps: f64,
     /// `read_by_reader / elapsed`: what the "VM" got.
-    pub delivered_pps: f64,
-    pub interrupted: bool,
+    pub(crate) delivered_pps: f64,
+    pub(crate) interrupted: bool,
 }
 
 impl LoadReport {
     /// The report as aligned `name  value` lines.
     #[must_use]
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         let rows: Vec<(&str, String)> = vec![
             (
@@ -508,19 +492,11 @@ impl LoadReport {
     }
 }
 
-/// Runs a whole `load` with its own (never set) stop flag.
-///
-/// # Errors
-/// When a step fails.
-pub fn run_load(cfg: &LoadConfig) -> Result<LoadReport> {
-    run_load_with_stop(cfg, &Arc::new(AtomicBool::new(false)))
-}
-
 /// Runs a whole `load`; setting `stop` ends it early with `interrupted` set.
 ///
 /// # Errors
 /// When a step fails.
-pub fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Result<LoadReport> {
+pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Result<LoadReport> {
     let session_cfg = SessionConfig {
         reader_deadline: Some(
             cfg.start_delay
@@ -655,7 +631,7 @@ mod tests {
             duration: Duration::from_secs(3),
             ..LoadConfig::default()
         };
-        let report = run_load(&cfg).unwrap();
+        let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
         println!("{}", report.table());
         assert!(!report.device.netns_path.exists(), "namespace left behind");
         assert_eq!(report.attempted, report.sent + report.enobufs);
@@ -690,7 +666,7 @@ mod tests {
             pps: Some(20_000),
             ..LoadConfig::default()
         };
-        let report = run_load(&cfg).unwrap();
+        let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
         println!("{}", serde_json::to_string_pretty(&report).unwrap());
         assert_eq!(report.qdisc, "pfifo");
         assert_eq!(report.tx_queue_len, 100);

@@ -48,7 +48,7 @@ const DUMP_RETRIES: usize = 3;
 /// tun or tap, from the tun driver's `IFLA_TUN_TYPE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum TunKind {
+pub(crate) enum TunKind {
     Tun,
     Tap,
 }
@@ -73,7 +73,7 @@ pub struct Link {
     /// rtnl link ops (loopback, most physical NICs).
     pub kind: Option<String>,
     /// Tun or tap when `kind` is `tun`.
-    pub tun_kind: Option<TunKind>,
+    pub(crate) tun_kind: Option<TunKind>,
     /// Queues allocated. A multi-queue tap allocates `MAX_TAP_QUEUES` (256) up front.
     pub num_tx_queues: u32,
     /// Queues in use. rtnetlink has no attribute for it: for tun it is the number of
@@ -100,7 +100,7 @@ pub enum RootQdisc {
 
 impl RootQdisc {
     #[must_use]
-    pub fn kind(self) -> &'static str {
+    pub(crate) fn kind(self) -> &'static str {
         match self {
             Self::Noqueue => "noqueue",
             Self::PfifoFast => "pfifo_fast",
@@ -175,7 +175,7 @@ impl Rtnl {
     ///
     /// # Errors
     /// When the namespace cannot be joined or the socket cannot be created.
-    pub fn open_in(ns_path: &Path) -> Result<Self> {
+    pub(crate) fn open_in(ns_path: &Path) -> Result<Self> {
         crate::netns::run_in(ns_path, Self::open)
     }
 
@@ -183,7 +183,7 @@ impl Rtnl {
     ///
     /// # Errors
     /// When the dump fails.
-    pub fn links(&mut self) -> Result<Vec<Link>> {
+    pub(crate) fn links(&mut self) -> Result<Vec<Link>> {
         let replies = self.dump(
             &RouteNetlinkMessage::GetLink(LinkMessage::default()),
             "list links",
@@ -231,7 +231,7 @@ impl Rtnl {
     ///
     /// # Errors
     /// When there is no such link or the request fails.
-    pub fn link_by_index(&mut self, ifindex: u32) -> Result<Link> {
+    pub(crate) fn link_by_index(&mut self, ifindex: u32) -> Result<Link> {
         let mut request = LinkMessage::default();
         request.header.index = ifindex;
         let replies = self.request(
@@ -271,7 +271,7 @@ impl Rtnl {
     ///
     /// # Errors
     /// When the kernel refuses.
-    pub fn set_tx_queue_len(&mut self, ifindex: u32, len: u32) -> Result<()> {
+    pub(crate) fn set_tx_queue_len(&mut self, ifindex: u32, len: u32) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = ifindex;
         msg.attributes.push(LinkAttribute::TxQueueLen(len));
@@ -311,21 +311,6 @@ impl Rtnl {
             RouteNetlinkMessage::NewLink(msg),
             NLM_F_CREATE | NLM_F_EXCL,
             &format!("create veth pair {name}/{peer_name}"),
-        )?;
-        Ok(())
-    }
-
-    /// `ip link delete dev X`. Deleting one end of a veth deletes both.
-    ///
-    /// # Errors
-    /// When the kernel refuses.
-    pub fn delete_link(&mut self, ifindex: u32) -> Result<()> {
-        let mut msg = LinkMessage::default();
-        msg.header.index = ifindex;
-        self.request(
-            RouteNetlinkMessage::DelLink(msg),
-            0,
-            &format!("delete link {ifindex}"),
         )?;
         Ok(())
     }
@@ -502,11 +487,11 @@ impl Rtnl {
 
 /// A kernel error answer to a request.
 #[derive(Debug)]
-pub struct NetlinkError {
-    pub errno: i32,
-    pub what: String,
+pub(crate) struct NetlinkError {
+    pub(crate) errno: i32,
+    pub(crate) what: String,
     /// The kernel's extended-ack text, e.g. "Unknown qdisc kind".
-    pub message: Option<String>,
+    pub(crate) message: Option<String>,
 }
 
 impl std::fmt::Display for NetlinkError {
@@ -822,16 +807,6 @@ mod tests {
         rtnl.replace_root_qdisc(v0.ifindex, RootQdisc::PfifoFast)
             .unwrap();
         assert_eq!(root_qdisc_json(ns.name(), "tpv0")["kind"], "pfifo_fast");
-
-        rtnl.delete_link(v0.ifindex).unwrap();
-        // Deleting one end takes the peer with it.
-        assert_eq!(rtnl.links().unwrap().len(), 1);
-        let err = rtnl.delete_link(v0.ifindex).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains(&format!("delete link {}", v0.ifindex)),
-            "{err:#}"
-        );
     }
 
     #[test]
@@ -878,7 +853,6 @@ mod tests {
             ip[0]["num_tx_queues"].as_u64().unwrap()
         );
         assert_eq!(t2.real_num_tx_queues, 3);
-        assert_eq!(mq.num_queues(), 3);
         assert_eq!(tun.name(), "tpt1");
         drop((tap, tun, mq));
         // Non-persistent: closing the fds removed the devices.

@@ -17,7 +17,7 @@ use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;
 
 /// Where `ip netns` keeps its bind mounts (iproute2 `NETNS_RUN_DIR`).
-pub const NETNS_RUN_DIR: &str = "/run/netns";
+pub(crate) const NETNS_RUN_DIR: &str = "/run/netns";
 
 /// The inode of the calling thread's network namespace; equals the kernel's `net->ns.inum`.
 ///
@@ -25,7 +25,7 @@ pub const NETNS_RUN_DIR: &str = "/run/netns";
 ///
 /// # Errors
 /// When `/proc` is not mounted.
-pub fn current_inode() -> Result<u32> {
+pub(crate) fn current_inode() -> Result<u32> {
     inode_of(Path::new("/proc/thread-self/ns/net"))
 }
 
@@ -33,7 +33,7 @@ pub fn current_inode() -> Result<u32> {
 ///
 /// # Errors
 /// When the file cannot be read.
-pub fn inode_of(path: &Path) -> Result<u32> {
+pub(crate) fn inode_of(path: &Path) -> Result<u32> {
     let meta = std::fs::metadata(path)
         .with_context(|| format!("cannot stat network namespace file {}", path.display()))?;
     // nsfs inode numbers are allocated from a 32-bit IDA (`ns_alloc_inum` in fs/nsfs.c).
@@ -92,7 +92,6 @@ pub struct NamedNetns {
     name: String,
     path: PathBuf,
     inode: u32,
-    deleted: bool,
 }
 
 impl NamedNetns {
@@ -117,7 +116,6 @@ impl NamedNetns {
             name: name.to_owned(),
             path,
             inode: 0,
-            deleted: false,
         };
         ns.inode = bind_new_netns(&ns.path)?;
         Ok(ns)
@@ -134,40 +132,17 @@ impl NamedNetns {
     }
 
     #[must_use]
-    pub fn inode(&self) -> u32 {
+    pub(crate) fn inode(&self) -> u32 {
         self.inode
-    }
-
-    /// Deletes the namespace now and reports errors (dropping does the same but only logs).
-    ///
-    /// # Errors
-    /// When the unmount or the removal fails.
-    pub fn delete(mut self) -> Result<()> {
-        self.deleted = true;
-        delete_path(&self.path)
     }
 }
 
 impl Drop for NamedNetns {
     fn drop(&mut self) {
-        if std::mem::replace(&mut self.deleted, true) {
-            return;
-        }
         if let Err(err) = delete_path(&self.path) {
             log::error!("cannot delete network namespace {}: {err:#}", self.name);
         }
     }
-}
-
-/// Deletes the named namespace `/run/netns/NAME` like `ip netns delete NAME`. Deleting a
-/// name that does not exist is not an error. Processes and sockets still inside keep the
-/// namespace itself alive; only the name goes.
-///
-/// # Errors
-/// When the name is invalid or the unmount or removal fails.
-pub fn delete_named(name: &str) -> Result<()> {
-    validate_name(name)?;
-    delete_path(&Path::new(NETNS_RUN_DIR).join(name))
 }
 
 fn delete_path(path: &Path) -> Result<()> {
@@ -270,13 +245,13 @@ fn bind_new_netns(target: &Path) -> Result<u32> {
 
 /// A network namespace found on the host.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct NetnsInfo {
-    pub inode: u32,
+pub(crate) struct NetnsInfo {
+    pub(crate) inode: u32,
     /// `init` for the initial namespace, the file name for `/run/netns` entries, `pid:N`
     /// for namespaces only held by processes.
-    pub name: String,
+    pub(crate) name: String,
     /// A file that refers to the namespace, usable with [`run_in`].
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
 }
 
 /// Every network namespace on the host that has a name or a process in it, deduplicated by
@@ -288,7 +263,7 @@ pub struct NetnsInfo {
 ///
 /// # Errors
 /// When `/proc` cannot be read. Processes that exit mid-scan are skipped.
-pub fn list() -> Result<Vec<NetnsInfo>> {
+pub(crate) fn list() -> Result<Vec<NetnsInfo>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     let mut push = |inode: u32, name: String, path: PathBuf| {
@@ -354,7 +329,7 @@ fn named_entries() -> Result<Vec<(String, PathBuf)>> {
 ///
 /// # Errors
 /// When `/proc` cannot be listed.
-pub fn pids() -> Result<Vec<u32>> {
+pub(crate) fn pids() -> Result<Vec<u32>> {
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .context("cannot list /proc")?
         .filter_map(std::result::Result::ok)
@@ -404,8 +379,6 @@ mod tests {
         drop(ns);
         assert!(!path.exists());
         assert!(!list().unwrap().iter().any(|n| n.name == name));
-        // Deleting what is gone is fine.
-        delete_named(&name).unwrap();
     }
 
     #[test]
@@ -419,6 +392,6 @@ mod tests {
         let ns = NamedNetns::create(&name).unwrap();
         let err = run_in(ns.path(), || -> Result<()> { bail!("inner failure") }).unwrap_err();
         assert_eq!(err.to_string(), "inner failure");
-        ns.delete().unwrap();
+        drop(ns);
     }
 }

@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-pub const CAP_NET_ADMIN: u32 = 12;
-pub const CAP_SYS_ADMIN: u32 = 21;
-pub const CAP_PERFMON: u32 = 38;
-pub const CAP_BPF: u32 = 39;
+pub(crate) const CAP_NET_ADMIN: u32 = 12;
+pub(crate) const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_PERFMON: u32 = 38;
+pub(crate) const CAP_BPF: u32 = 39;
 
 /// Where tracefs lives on current kernels, and where it appears under debugfs on older setups.
-pub const TRACEFS: &str = "/sys/kernel/tracing";
-pub const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
+pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
+pub(crate) const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
 /// How to get the capabilities, quoted in the error.
 const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin+ep $(command -v tap-probe)";
@@ -21,7 +21,7 @@ const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_
 ///
 /// # Errors
 /// When the line is missing or is not hexadecimal.
-pub fn parse_cap_eff(status: &str) -> Result<u64> {
+pub(crate) fn parse_cap_eff(status: &str) -> Result<u64> {
     let value = status
         .lines()
         .find_map(|line| line.strip_prefix("CapEff:"))
@@ -34,7 +34,7 @@ pub fn parse_cap_eff(status: &str) -> Result<u64> {
 /// `CAP_BPF` and `CAP_PERFMON` (the kernel accepts it for both, and kernels before 5.8 have
 /// only it).
 #[must_use]
-pub fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
+pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
     let has = |cap: u32| cap_eff & (1u64 << cap) != 0;
     let sys_admin = has(CAP_SYS_ADMIN);
     let mut missing = Vec::new();
@@ -54,7 +54,7 @@ pub fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
 ///
 /// # Errors
 /// Names exactly the missing capabilities and how to get them.
-pub fn check() -> Result<()> {
+pub(crate) fn check() -> Result<()> {
     let status =
         std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     check_cap_eff(parse_cap_eff(&status)?)
@@ -71,7 +71,7 @@ fn check_cap_eff(cap_eff: u64) -> Result<()> {
 /// Lifts `RLIMIT_MEMLOCK`, which kernels before 5.11 charge BPF maps and programs to. Later
 /// kernels account BPF memory to the memory cgroup instead, so a failure (no
 /// `CAP_SYS_RESOURCE`) is only logged.
-pub fn raise_memlock() {
+pub(crate) fn raise_memlock() {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
@@ -106,7 +106,7 @@ fn non_empty_dir(path: &Path) -> bool {
 
 /// Where tracefs is mounted right now, without changing anything.
 #[must_use]
-pub fn mounted_tracefs() -> Option<PathBuf> {
+pub(crate) fn mounted_tracefs() -> Option<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     if tracefs_mounted_at(&mounts, TRACEFS) {
         return Some(PathBuf::from(TRACEFS));
@@ -122,7 +122,7 @@ pub fn mounted_tracefs() -> Option<PathBuf> {
 ///
 /// # Errors
 /// When it is not mounted and mounting it fails.
-pub fn ensure_tracefs() -> Result<PathBuf> {
+pub(crate) fn ensure_tracefs() -> Result<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     if tracefs_mounted_at(&mounts, TRACEFS) {
         return Ok(PathBuf::from(TRACEFS));

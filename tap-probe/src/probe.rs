@@ -25,7 +25,7 @@ use tap_probe_common::{
 ///
 /// # Errors
 /// When BTF or kallsyms lack something the programs rely on.
-pub fn kernel_facts() -> anyhow::Result<KernelFacts> {
+pub(crate) fn kernel_facts() -> anyhow::Result<KernelFacts> {
     let btf = crate::btf::load_vmlinux()?;
     let mut facts = crate::btf::kernel_facts(&btf)?;
     let ranges = crate::kallsyms::reader_ranges()?;
@@ -47,7 +47,7 @@ pub fn kernel_facts() -> anyhow::Result<KernelFacts> {
 ///
 /// # Errors
 /// When BTF cannot be read.
-pub fn consume_has_location() -> anyhow::Result<bool> {
+pub(crate) fn consume_has_location() -> anyhow::Result<bool> {
     let btf = crate::btf::load_vmlinux()?;
     Ok(crate::btf::tracepoint_args(&btf, PROG_CONSUME_SKB.1)?.len() >= 2)
 }
@@ -57,31 +57,31 @@ pub fn consume_has_location() -> anyhow::Result<bool> {
 ///
 /// # Errors
 /// When the kernel refuses `BPF_ENABLE_STATS`.
-pub fn enable_run_stats() -> anyhow::Result<std::os::fd::OwnedFd> {
+pub(crate) fn enable_run_stats() -> anyhow::Result<std::os::fd::OwnedFd> {
     aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF run statistics")
 }
 
 /// One program's cost, as the kernel measured it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ProgramStats {
-    pub program: String,
-    pub runs: u64,
-    pub mean_ns: u64,
+pub(crate) struct ProgramStats {
+    pub(crate) program: String,
+    pub(crate) runs: u64,
+    pub(crate) mean_ns: u64,
 }
 
 /// Counters of one device, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceCounters {
+pub(crate) struct DeviceCounters {
     /// One entry per transmit queue.
-    pub queues: Vec<QueueCounters>,
+    pub(crate) queues: Vec<QueueCounters>,
     /// Per queue: when the queue was last seen stopped and is not yet seen woken
     /// (`CLOCK_MONOTONIC` ns), so a live display can add the running interval.
-    pub stopped_since: Vec<Option<u64>>,
+    pub(crate) stopped_since: Vec<Option<u64>>,
     /// `(queue, enum skb_drop_reason value) -> count` for `dropped_other`.
-    pub drop_reasons: BTreeMap<(u32, u32), u64>,
+    pub(crate) drop_reasons: BTreeMap<(u32, u32), u64>,
 }
 
-pub struct Probe {
+pub(crate) struct Probe {
     ebpf: Ebpf,
     sources: Sources,
     cpus: usize,
@@ -95,20 +95,12 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Loads the object with `facts` and attaches every program.
+    /// As [`Probe::attach_backend`] with `auto`, and the programs also emit per-packet
+    /// [`TraceEvent`]s into the ring buffer that [`Probe::take_events`] hands out.
     ///
     /// # Errors
-    /// When the kernel refuses to load or attach a program; nothing stays attached then.
-    pub fn attach(facts: &KernelFacts) -> anyhow::Result<Self> {
-        Self::attach_backend(facts, Backend::Auto, false)
-    }
-
-    /// As [`Probe::attach`], and the programs also emit per-packet [`TraceEvent`]s into
-    /// the ring buffer that [`Probe::take_events`] hands out (`TraceEvent`s).
-    ///
-    /// # Errors
-    /// As [`Probe::attach`].
-    pub fn attach_recording(facts: &KernelFacts) -> anyhow::Result<Self> {
+    /// As [`Probe::attach_backend`].
+    pub(crate) fn attach_recording(facts: &KernelFacts) -> anyhow::Result<Self> {
         Self::attach_backend(facts, Backend::Auto, true)
     }
 
@@ -116,8 +108,9 @@ impl Probe {
     /// [`crate::backend`]); `record` turns on per-packet events.
     ///
     /// # Errors
-    /// As [`Probe::attach`], and when a forced backend is not available here.
-    pub fn attach_backend(
+    /// When the kernel refuses to load or attach a program (nothing stays attached then), or
+    /// a forced backend is not available here.
+    pub(crate) fn attach_backend(
         facts: &KernelFacts,
         backend: Backend,
         record: bool,
@@ -146,11 +139,9 @@ impl Probe {
     }
 
     /// The kernel's own accounting of each attached program: runs and time spent, which
-    /// the kernel keeps while [`enable_run_stats`] is held.
-    ///
-    /// # Errors
-    /// When a program's info cannot be read.
-    pub fn program_stats(&self) -> anyhow::Result<Vec<ProgramStats>> {
+    /// the kernel keeps while [`enable_run_stats`] is held. Programs this backend did not
+    /// load are left out.
+    pub(crate) fn program_stats(&self) -> Vec<ProgramStats> {
         let mut out = Vec::new();
         for (name, program) in self.ebpf.programs() {
             let Ok(info) = program.info() else {
@@ -165,25 +156,20 @@ impl Probe {
             });
         }
         out.sort_by(|a, b| a.program.cmp(&b.program));
-        Ok(out)
+        out
     }
 
     /// What feeds each counter.
     #[must_use]
-    pub fn sources(&self) -> &Sources {
+    pub(crate) fn sources(&self) -> &Sources {
         &self.sources
-    }
-
-    #[must_use]
-    pub fn is_tracked(&self, key: &DeviceKey) -> bool {
-        self.tracked.contains_key(key)
     }
 
     /// Starts counting for a device with `queues` transmit queues, from zero.
     ///
     /// # Errors
     /// When the counter map has no room left or a map update fails.
-    pub fn track(&mut self, key: DeviceKey, queues: u32) -> anyhow::Result<()> {
+    pub(crate) fn track(&mut self, key: DeviceKey, queues: u32) -> anyhow::Result<()> {
         if self.tracked.contains_key(&key) {
             return Ok(());
         }
@@ -207,13 +193,13 @@ impl Probe {
     ///
     /// # Errors
     /// When the map update fails.
-    pub fn untrack(&mut self, key: &DeviceKey) -> anyhow::Result<()> {
-        let Some(slot) = self.tracked.remove(key) else {
+    pub(crate) fn untrack(&mut self, key: DeviceKey) -> anyhow::Result<()> {
+        let Some(slot) = self.tracked.remove(&key) else {
             return Ok(());
         };
         let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
             BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
-        match devices.remove(key) {
+        match devices.remove(&key) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
             Err(err) => return Err(err).context("removing a device"),
         }
@@ -234,7 +220,7 @@ impl Probe {
 
     /// Makes the ranges freed before this call reusable. Call once per refresh interval:
     /// by then no program still runs with a lookup made before the device was removed.
-    pub fn retire_generation(&mut self) {
+    pub(crate) fn retire_generation(&mut self) {
         self.free.append(&mut self.cooling);
     }
 
@@ -287,10 +273,10 @@ impl Probe {
     ///
     /// # Errors
     /// When the device is not tracked or a map read fails.
-    pub fn read(&self, key: &DeviceKey) -> anyhow::Result<DeviceCounters> {
+    pub(crate) fn read(&self, key: DeviceKey) -> anyhow::Result<DeviceCounters> {
         let slot = *self
             .tracked
-            .get(key)
+            .get(&key)
             .ok_or_else(|| anyhow!("device {key:?} is not tracked"))?;
         let counters: PerCpuArray<&MapData, QueueCounters> =
             PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
@@ -320,7 +306,7 @@ impl Probe {
     ///
     /// # Errors
     /// When it was taken already.
-    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+    pub(crate) fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
         let map = self
             .ebpf
             .take_map(MAP_EVENTS)
@@ -332,7 +318,7 @@ impl Probe {
     ///
     /// # Errors
     /// When the map cannot be read.
-    pub fn events_lost(&self) -> anyhow::Result<u64> {
+    pub(crate) fn events_lost(&self) -> anyhow::Result<u64> {
         let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_EVENTS_LOST)?)?;
         Ok(lost.get(&0, 0)?.iter().sum())
     }

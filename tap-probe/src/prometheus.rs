@@ -117,7 +117,7 @@ const FAMILIES: &[Family] = &[
 /// The exposition text of `report`. Devices that disappeared are left out, so their series
 /// end with them.
 #[must_use]
-pub fn exposition(report: &Report) -> String {
+pub(crate) fn exposition(report: &Report) -> String {
     let rows: Vec<&Row> = report.rows.iter().filter(|r| !r.retired).collect();
     let mut out = String::new();
     for family in FAMILIES {
@@ -181,7 +181,7 @@ fn escape(value: &str) -> String {
 }
 
 /// The scrape endpoint: serves the text given to [`Exporter::publish`] last.
-pub struct Exporter {
+pub(crate) struct Exporter {
     text: watch::Sender<Arc<str>>,
     addr: SocketAddr,
 }
@@ -191,7 +191,7 @@ impl Exporter {
     ///
     /// # Errors
     /// When the address cannot be bound (in use, not local, a privileged port).
-    pub async fn bind(addr: SocketAddr) -> anyhow::Result<Self> {
+    pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(addr).await.with_context(|| {
             format!("cannot listen on {addr} for --prometheus: choose another address or port")
         })?;
@@ -203,11 +203,11 @@ impl Exporter {
 
     /// The address actually bound (port 0 picks a free one).
     #[must_use]
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub fn publish(&self, report: &Report) {
+    pub(crate) fn publish(&self, report: &Report) {
         self.text.send_replace(exposition(report).into());
     }
 }

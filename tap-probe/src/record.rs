@@ -23,9 +23,9 @@ use crate::trace_file::{DeviceInfo, Event, Header, TraceWriter, Trailer};
 use crate::watch::{Stop, monotonic_ns};
 
 /// Events are written once they are this much older than the newest event seen.
-pub const REORDER_WINDOW_NS: u64 = 10_000_000;
+pub(crate) const REORDER_WINDOW_NS: u64 = 10_000_000;
 /// Events held for reordering at most; beyond this the oldest is written at once.
-pub const REORDER_MAX: usize = 1 << 20;
+pub(crate) const REORDER_MAX: usize = 1 << 20;
 /// How long the loop sleeps when the ring buffer is empty.
 const POLL_SLEEP: Duration = Duration::from_millis(2);
 /// How often `--wait` looks for matching devices.
@@ -34,24 +34,24 @@ const WAIT_POLL: Duration = Duration::from_millis(50);
 const LOST_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The trace file to write.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Record devices whose name matches GLOB (repeatable; default: every tun, tap, veth and
     /// macvtap device).
     #[arg(long = "dev", value_name = "GLOB")]
-    pub devs: Vec<String>,
+    pub(crate) devs: Vec<String>,
     /// Only devices in network namespaces whose name matches NAME (a glob, as for `watch`).
     #[arg(long, value_name = "NAME")]
-    pub netns: Option<String>,
+    pub(crate) netns: Option<String>,
     /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "SECS", value_parser = positive_secs)]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     /// Start even if no device matches yet: attach, then wait for the first matching
     /// devices to appear and record those (devices that appear later are not added).
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -62,18 +62,18 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 }
 
 /// Sorts events within a window and writes them.
-pub struct Recorder<W: Write> {
+pub(crate) struct Recorder<W: Write> {
     writer: TraceWriter<W>,
     devices: HashMap<DeviceKey, u16>,
     heap: BinaryHeap<Reverse<Pending>>,
     seq: u64,
     newest: u64,
     /// Events for devices not in the header (none expected: only tracked devices emit).
-    pub foreign: u64,
+    pub(crate) foreign: u64,
     /// Records too short to be an event.
-    pub malformed: u64,
+    pub(crate) malformed: u64,
     /// Events written after a later one had already been written (older than the window).
-    pub late: u64,
+    pub(crate) late: u64,
     last_written: u64,
 }
 
@@ -99,7 +99,7 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When the header cannot be written.
-    pub fn new(out: W, header: &Header) -> anyhow::Result<Self> {
+    pub(crate) fn new(out: W, header: &Header) -> anyhow::Result<Self> {
         let devices = header
             .devices
             .iter()
@@ -131,7 +131,7 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn push_bytes(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
         if bytes.len() < size_of::<TraceEvent>() {
             self.malformed += 1;
             return Ok(());
@@ -146,7 +146,7 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn push(&mut self, ev: &TraceEvent) -> anyhow::Result<()> {
+    pub(crate) fn push(&mut self, ev: &TraceEvent) -> anyhow::Result<()> {
         let key = DeviceKey {
             netns: ev.netns,
             ifindex: ev.ifindex,
@@ -182,7 +182,7 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn flush_settled(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn flush_settled(&mut self) -> anyhow::Result<()> {
         let limit = self.newest.saturating_sub(REORDER_WINDOW_NS);
         while self.heap.peek().is_some_and(|p| p.0.ts <= limit) {
             self.write_oldest()?;
@@ -214,7 +214,7 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn lost(&mut self, ts_ns: u64, count: u64) -> anyhow::Result<()> {
+    pub(crate) fn lost(&mut self, ts_ns: u64, count: u64) -> anyhow::Result<()> {
         if count > 0 {
             self.writer.lost(ts_ns, count)?;
         }
@@ -225,7 +225,7 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When writing fails.
-    pub fn finish(mut self) -> anyhow::Result<(W, Trailer)> {
+    pub(crate) fn finish(mut self) -> anyhow::Result<(W, Trailer)> {
         while !self.heap.is_empty() {
             self.write_oldest()?;
         }
@@ -238,7 +238,7 @@ impl<W: Write> Recorder<W> {
 /// # Errors
 /// Missing privileges, no matching device, a failure to attach, or a write error. On a
 /// signal the file is completed (trailer included) before returning.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
     let filter = Filter {
         globs: args.devs.clone(),

@@ -6,7 +6,7 @@ use std::io::{IsTerminal as _, Write as _};
 use crate::report::{Report, Row};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// A table refreshed in place on a terminal, appended otherwise.
     #[default]
     Table,
@@ -14,14 +14,14 @@ pub enum Format {
     Json,
 }
 
-pub struct Output {
+pub(crate) struct Output {
     format: Format,
     redraw: bool,
 }
 
 impl Output {
     #[must_use]
-    pub fn new(format: Format) -> Self {
+    pub(crate) fn new(format: Format) -> Self {
         Self {
             format,
             redraw: format == Format::Table && std::io::stdout().is_terminal(),
@@ -32,7 +32,7 @@ impl Output {
     ///
     /// # Errors
     /// When stdout is closed.
-    pub fn show(&self, report: &Report, previous: Option<&Report>) -> anyhow::Result<()> {
+    pub(crate) fn show(&self, report: &Report, previous: Option<&Report>) -> anyhow::Result<()> {
         let text = match self.format {
             Format::Json => json_line(report, false)?,
             Format::Table => {
@@ -53,7 +53,7 @@ impl Output {
     ///
     /// # Errors
     /// When stdout is closed.
-    pub fn summary(&self, report: &Report) -> anyhow::Result<()> {
+    pub(crate) fn summary(&self, report: &Report) -> anyhow::Result<()> {
         let text = match self.format {
             Format::Json => json_line(report, true)?,
             Format::Table => {
@@ -87,7 +87,7 @@ fn write_out(text: &str) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// Never in practice (serialising plain data).
-pub fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
+pub(crate) fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
     let mut value = serde_json::to_value(report)?;
     if let Some(obj) = value.as_object_mut() {
         obj.insert("final".to_owned(), serde_json::Value::Bool(last));
@@ -124,7 +124,7 @@ const HEADER: [&str; 17] = [
     clippy::cast_sign_loss,
     reason = "rates and seconds for display"
 )]
-pub fn table(report: &Report, previous: Option<&Report>) -> String {
+pub(crate) fn table(report: &Report, previous: Option<&Report>) -> String {
     let dt = previous
         .map(|p| report.elapsed_s - p.elapsed_s)
         .filter(|dt| *dt > 0.0);

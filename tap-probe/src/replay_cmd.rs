@@ -18,44 +18,44 @@ use crate::replay::workload::Workload;
 use crate::replay::{Ops, Stream, load_recording};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A trace written by `tap-probe record`.
     #[arg(value_name = "FILE", conflicts_with = "synthetic")]
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
     /// Replay a synthetic workload instead, e.g.
     /// `producer=const:200k,consumer=poisson:150k,duration=2s,ring=256` (grammar in the
     /// README).
     #[arg(long, value_name = "SPEC")]
-    pub synthetic: Option<String>,
+    pub(crate) synthetic: Option<String>,
     /// A policy to replay (repeatable): tail-drop, stop-wake:F (F a share of the ring, e.g.
     /// 0.5 or 1/2), wake-every, wake-empty [default: all four, with stop-wake:0.5].
     #[arg(long = "policy", value_name = "POLICY", value_parser = parse_policy)]
-    pub policies: Vec<Policy>,
+    pub(crate) policies: Vec<Policy>,
     /// Ring entries to model instead of the recorded (or spec's) size.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
-    pub ring_size: Option<u32>,
+    pub(crate) ring_size: Option<u32>,
     /// Packets the modelled pfifo qdisc holds [default: the ring size, as the kernel's
     /// pfifo defaults to `tx_queue_len`].
     #[arg(long, value_name = "N")]
-    pub qdisc_limit: Option<u32>,
+    pub(crate) qdisc_limit: Option<u32>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub format: OutputFormat,
+    pub(crate) format: OutputFormat,
     /// Also draw ring occupancy over time, one panel per policy, to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
     /// Run the policies on a real ring between two pinned threads and report items/s.
     #[arg(long)]
-    pub live: bool,
+    pub(crate) live: bool,
     /// Seconds per policy for `--live`.
     #[arg(long, default_value_t = 1.0, value_name = "SECS", value_parser = positive_secs)]
-    pub live_duration: f64,
+    pub(crate) live_duration: f64,
     /// Busy work per item the `--live` reader does (loop rounds), to make it the slower side.
     #[arg(long, default_value_t = 0, value_name = "ROUNDS")]
-    pub live_work: u32,
+    pub(crate) live_work: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     Table,
     Json,
 }
@@ -73,36 +73,36 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 
 /// One policy's result with how long the replay took.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Timed {
+pub(crate) struct Timed {
     #[serde(flatten)]
-    pub metrics: Metrics,
+    pub(crate) metrics: Metrics,
     /// Wall time of the replay itself (not loading), ns.
-    pub replay_ns: u64,
+    pub(crate) replay_ns: u64,
     /// Operations replayed per second of that time.
-    pub events_per_s: f64,
+    pub(crate) events_per_s: f64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct StreamReport {
-    pub device: String,
-    pub netns: u32,
-    pub ifindex: u32,
-    pub queue: u16,
-    pub recorded_ring_size: u32,
-    pub events: usize,
+pub(crate) struct StreamReport {
+    pub(crate) device: String,
+    pub(crate) netns: u32,
+    pub(crate) ifindex: u32,
+    pub(crate) queue: u16,
+    pub(crate) recorded_ring_size: u32,
+    pub(crate) events: usize,
     /// What the recording saw (absent for synthetic workloads).
-    pub recorded: Option<RecordedCounts>,
-    pub results: Vec<Timed>,
+    pub(crate) recorded: Option<RecordedCounts>,
+    pub(crate) results: Vec<Timed>,
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct RecordedCounts {
-    pub enqueued: u64,
-    pub dropped_full_ring: u64,
-    pub busy: u64,
-    pub consumed: u64,
-    pub queue_stops: u64,
-    pub queue_wakes: u64,
+pub(crate) struct RecordedCounts {
+    pub(crate) enqueued: u64,
+    pub(crate) dropped_full_ring: u64,
+    pub(crate) busy: u64,
+    pub(crate) consumed: u64,
+    pub(crate) queue_stops: u64,
+    pub(crate) queue_wakes: u64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -118,7 +118,7 @@ struct Report<'a> {
 /// # Errors
 /// A bad trace (with the byte offset), an impossible spec, or an output that cannot be
 /// written.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let policies = if args.policies.is_empty() {
         Policy::DEFAULTS.to_vec()
     } else {
@@ -218,7 +218,7 @@ fn load(args: &Args) -> anyhow::Result<(String, u64, Vec<Stream>)> {
 
 /// Replays every stream under every policy.
 #[must_use]
-pub fn replay_streams(
+pub(crate) fn replay_streams(
     streams: &[Stream],
     policies: &[Policy],
     ring_size: Option<u32>,
@@ -273,7 +273,7 @@ fn timed(ops: &Ops, cfg: &SimConfig, policy: Policy) -> Timed {
 
 /// The results as a text table, one block per stream.
 #[must_use]
-pub fn table(source: &str, lost: u64, reports: &[StreamReport]) -> String {
+pub(crate) fn table(source: &str, lost: u64, reports: &[StreamReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "replay of {source}");
     if lost > 0 {

@@ -53,11 +53,11 @@ pub struct Row {
 
 /// Maps `enum skb_drop_reason` values to names.
 #[derive(Clone, Debug, Default)]
-pub struct ReasonNames(pub BTreeMap<u32, String>);
+pub(crate) struct ReasonNames(pub(crate) BTreeMap<u32, String>);
 
 impl ReasonNames {
     #[must_use]
-    pub fn name(&self, reason: u32) -> String {
+    pub(crate) fn name(&self, reason: u32) -> String {
         if reason == DROP_REASON_XMIT_ERROR {
             return "xmit_error".to_owned();
         }
@@ -70,7 +70,7 @@ impl ReasonNames {
 
 /// The rows of one device: its queues in use, and any other queue that counted something.
 #[must_use]
-pub fn device_rows(
+pub(crate) fn device_rows(
     device: &Device,
     counters: &DeviceCounters,
     kernel: KernelDeltas,
@@ -145,6 +145,6 @@ pub struct Report {
     pub sources: crate::backend::Sources,
     /// The programs' own cost, in the final report of `watch --program-stats`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub programs: Option<Vec<crate::probe::ProgramStats>>,
+    pub(crate) programs: Option<Vec<crate::probe::ProgramStats>>,
     pub rows: Vec<Row>,
 }

@@ -94,7 +94,7 @@ impl Tap {
     }
 
     #[must_use]
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -104,15 +104,10 @@ impl Tap {
         self.ifindex
     }
 
-    #[must_use]
-    pub fn num_queues(&self) -> usize {
-        self.queues.len()
-    }
-
     /// The fd of queue `i`.
     ///
     /// # Panics
-    /// When `i >= num_queues()`.
+    /// When `i` is not a queue of this tap.
     #[must_use]
     pub fn queue_fd(&self, i: usize) -> BorrowedFd<'_> {
         self.queues[i].as_fd()
@@ -123,7 +118,7 @@ impl Tap {
     ///
     /// # Errors
     /// When `i` is out of range or `dup` fails.
-    pub fn clone_queue_fd(&self, i: usize) -> Result<OwnedFd> {
+    pub(crate) fn clone_queue_fd(&self, i: usize) -> Result<OwnedFd> {
         let fd = self
             .queues
             .get(i)
@@ -148,7 +143,7 @@ impl Tap {
 ///
 /// # Errors
 /// When `fcntl` fails.
-pub fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> Result<()> {
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> Result<()> {
     let current = fcntl(fd, FcntlArg::F_GETFL).context("fcntl(F_GETFL) failed")?;
     let mut flags = OFlag::from_bits_truncate(current);
     flags.set(OFlag::O_NONBLOCK, nonblocking);

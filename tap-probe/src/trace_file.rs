@@ -13,25 +13,25 @@ use std::io::{self, BufReader, Read, Write};
 use tap_probe_common::EventKind;
 
 /// The first eight bytes of every trace file.
-pub const MAGIC: [u8; 8] = *b"TAPTRACE";
+pub(crate) const MAGIC: [u8; 8] = *b"TAPTRACE";
 /// The format version this build writes and the only one it reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub(crate) const FORMAT_VERSION: u16 = 1;
 /// Record types (the byte before each record's length).
-pub const REC_EVENT: u8 = 1;
-pub const REC_LOST: u8 = 2;
-pub const REC_TRAILER: u8 = 0xff;
+pub(crate) const REC_EVENT: u8 = 1;
+pub(crate) const REC_LOST: u8 = 2;
+pub(crate) const REC_TRAILER: u8 = 0xff;
 /// Payload length of an event record.
-pub const EVENT_LEN: usize = 20;
+pub(crate) const EVENT_LEN: usize = 20;
 /// Payload length of a lost-records record.
-pub const LOST_LEN: usize = 16;
+pub(crate) const LOST_LEN: usize = 16;
 /// Payload length of the trailer.
-pub const TRAILER_LEN: usize = 8 + 8 * KIND_SLOTS + 8 + 4;
+pub(crate) const TRAILER_LEN: usize = 8 + 8 * KIND_SLOTS + 8 + 4;
 /// Per-kind counters in the trailer, indexed by the [`EventKind`] value (slot 0 unused).
-pub const KIND_SLOTS: usize = 8;
+pub(crate) const KIND_SLOTS: usize = 8;
 /// Longest record payload a reader accepts; longer lengths mean a corrupt file.
-pub const MAX_RECORD_LEN: u64 = 4096;
+pub(crate) const MAX_RECORD_LEN: u64 = 4096;
 /// Longest header body a reader accepts.
-pub const MAX_HEADER_LEN: u32 = 1 << 20;
+pub(crate) const MAX_HEADER_LEN: u32 = 1 << 20;
 
 // The known payloads are shorter than 128 bytes: their varint length is one byte.
 const EVENT_LEN_BYTE: u8 = one_byte_len(EVENT_LEN);
@@ -114,7 +114,7 @@ pub struct Trailer {
 
 impl Trailer {
     #[must_use]
-    pub fn count(&self, kind: EventKind) -> u64 {
+    pub(crate) fn count(&self, kind: EventKind) -> u64 {
         self.counts[kind as usize]
     }
 }
@@ -188,7 +188,7 @@ impl std::error::Error for TraceError {
 
 /// Streams records into `W`. Call [`TraceWriter::finish`] to write the trailer: a file
 /// without one reads as truncated.
-pub struct TraceWriter<W: Write> {
+pub(crate) struct TraceWriter<W: Write> {
     out: W,
     buf: Vec<u8>,
     crc: crc32fast::Hasher,
@@ -202,7 +202,7 @@ impl<W: Write> TraceWriter<W> {
     /// # Errors
     /// A header that does not fit the format (more than 65535 devices, names longer than
     /// 65535 bytes), or a write error.
-    pub fn new(out: W, header: &Header) -> io::Result<Self> {
+    pub(crate) fn new(out: W, header: &Header) -> io::Result<Self> {
         let mut body = Vec::new();
         body.extend_from_slice(&header.start_ns.to_le_bytes());
         put_str(&mut body, &header.kernel_release)?;
@@ -240,7 +240,7 @@ impl<W: Write> TraceWriter<W> {
     ///
     /// # Errors
     /// An event for a device not in the header, or a write error.
-    pub fn event(&mut self, e: &Event) -> io::Result<()> {
+    pub(crate) fn event(&mut self, e: &Event) -> io::Result<()> {
         if usize::from(e.device) >= self.devices {
             return Err(invalid("event for a device missing from the header"));
         }
@@ -263,7 +263,7 @@ impl<W: Write> TraceWriter<W> {
     ///
     /// # Errors
     /// A write error.
-    pub fn lost(&mut self, ts_ns: u64, count: u64) -> io::Result<()> {
+    pub(crate) fn lost(&mut self, ts_ns: u64, count: u64) -> io::Result<()> {
         self.buf.extend_from_slice(&[REC_LOST, LOST_LEN_BYTE]);
         self.buf.extend_from_slice(&ts_ns.to_le_bytes());
         self.buf.extend_from_slice(&count.to_le_bytes());
@@ -271,17 +271,11 @@ impl<W: Write> TraceWriter<W> {
         self.maybe_flush()
     }
 
-    /// What has been written so far (the checksum is not computed until `finish`).
-    #[must_use]
-    pub fn counts(&self) -> &Trailer {
-        &self.trailer
-    }
-
     /// Writes the trailer, flushes, and hands back the sink and the trailer.
     ///
     /// # Errors
     /// A write error.
-    pub fn finish(mut self) -> io::Result<(W, Trailer)> {
+    pub(crate) fn finish(mut self) -> io::Result<(W, Trailer)> {
         self.buf.extend_from_slice(&[REC_TRAILER, TRAILER_LEN_BYTE]);
         self.buf
             .extend_from_slice(&self.trailer.events.to_le_bytes());
@@ -337,7 +331,7 @@ impl<R: Read> TraceReader<R> {
     ///
     /// # Errors
     /// A file that is not a trace, of another version, or whose header is cut or corrupt.
-    pub fn new(inner: R) -> Result<Self, TraceError> {
+    pub(crate) fn new(inner: R) -> Result<Self, TraceError> {
         let mut src = Source {
             inner: BufReader::with_capacity(64 << 10, inner),
             offset: 0,
@@ -375,20 +369,14 @@ impl<R: Read> TraceReader<R> {
     }
 
     #[must_use]
-    pub fn header(&self) -> &Header {
+    pub(crate) fn header(&self) -> &Header {
         &self.header
     }
 
     /// The trailer, once the iterator has reached it (and the checksum matched).
     #[must_use]
-    pub fn trailer(&self) -> Option<&Trailer> {
+    pub(crate) fn trailer(&self) -> Option<&Trailer> {
         self.trailer.as_ref()
-    }
-
-    /// Bytes consumed so far.
-    #[must_use]
-    pub fn offset(&self) -> u64 {
-        self.src.offset
     }
 
     fn next_record(&mut self) -> Result<Option<Record>, TraceError> {

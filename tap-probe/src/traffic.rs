@@ -22,12 +22,12 @@ const ETH_HDR: usize = 14;
 const IPV4_HDR: usize = 20;
 const UDP_HDR: usize = 8;
 /// The smallest frame that holds the headers and the 8-byte sequence number.
-pub const MIN_FRAME_LEN: usize = ETH_HDR + IPV4_HDR + UDP_HDR + 8;
+pub(crate) const MIN_FRAME_LEN: usize = ETH_HDR + IPV4_HDR + UDP_HDR + 8;
 /// The largest frame: an IPv4 datagram is at most 64 KiB. The device MTU usually limits
 /// it further (1514 for a default tap), which the kernel reports as `EMSGSIZE`.
-pub const MAX_FRAME_LEN: usize = ETH_HDR + 65_535;
-pub const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
-pub const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+pub(crate) const MAX_FRAME_LEN: usize = ETH_HDR + 65_535;
+pub(crate) const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+pub(crate) const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const SRC_IP: [u8; 4] = [10, 200, 0, 1];
 const DST_IP: [u8; 4] = [10, 200, 0, 2];
 const DISCARD_PORT: u16 = 9;
@@ -267,7 +267,7 @@ fn setsockopt_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> s
 
 /// One test frame of `len` bytes (`len >= MIN_FRAME_LEN`), sequence number 0.
 #[must_use]
-pub fn frame(len: usize) -> Vec<u8> {
+pub(crate) fn frame(len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len];
     f[0..6].copy_from_slice(&DST_MAC);
     f[6..12].copy_from_slice(&SRC_MAC);
@@ -445,7 +445,7 @@ fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {
 
 /// `start + d`, saturating at a year for "no deadline" values such as `Duration::MAX`.
 #[must_use]
-pub fn deadline_after(start: Instant, d: Duration) -> Instant {
+pub(crate) fn deadline_after(start: Instant, d: Duration) -> Instant {
     start
         .checked_add(d.min(Duration::from_hours(365 * 24)))
         .unwrap_or(start)

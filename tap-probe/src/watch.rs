@@ -14,39 +14,39 @@ use crate::render::{self, Format};
 use crate::report::{KernelDeltas, ReasonNames, Report, device_rows};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Watch devices whose name matches GLOB (repeatable; default: every tun, tap, veth and
     /// macvtap device).
     #[arg(long = "dev", value_name = "GLOB")]
-    pub devs: Vec<String>,
+    pub(crate) devs: Vec<String>,
     /// Only devices in network namespaces whose name matches NAME (a glob; "init" is the
     /// host's own, named ones as in `ip netns list`, others `pid:N`).
     #[arg(long, value_name = "NAME")]
-    pub netns: Option<String>,
+    pub(crate) netns: Option<String>,
     /// Seconds between refreshes.
     #[arg(long, default_value_t = 1.0, value_parser = positive_secs)]
-    pub interval: f64,
+    pub(crate) interval: f64,
     /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
     #[arg(long, value_parser = positive_secs)]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    pub(crate) format: Format,
     /// Start even if no device matches yet, and pick devices up as they appear.
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
     /// Which kernel hooks feed the counters; `auto` picks the best that works, counter by
     /// counter (`tap-probe doctor` shows what this kernel allows).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// Also report what each eBPF program costs, as the kernel measures it (runs and mean
     /// ns per run); turning the measurement on adds two clock reads per run.
     #[arg(long)]
-    pub program_stats: bool,
+    pub(crate) program_stats: bool,
     /// Also serve the counters for Prometheus at `http://ADDR/metrics`, refreshed every
     /// interval (ADDR as IP:PORT, e.g. 127.0.0.1:9464; port 0 picks a free one, printed on
     /// stderr).
     #[arg(long, value_name = "ADDR")]
-    pub prometheus: Option<std::net::SocketAddr>,
+    pub(crate) prometheus: Option<std::net::SocketAddr>,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -65,7 +65,7 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 /// # Errors
 /// Missing privileges or kernel features, a filter that matches nothing, or a failure to
 /// attach; the probes are detached in every case.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
     let filter = Filter {
         globs: args.devs.clone(),
@@ -120,7 +120,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         let mut last = watcher.refresh()?;
         if args.program_stats {
-            last.programs = Some(watcher.program_stats()?);
+            last.programs = Some(watcher.program_stats());
         }
         out.summary(&last)
     })
@@ -138,7 +138,7 @@ fn next_wait(period: Duration, deadline: Option<Instant>) -> Option<Duration> {
 }
 
 /// SIGINT and SIGTERM, registered once.
-pub struct Stop {
+pub(crate) struct Stop {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
@@ -148,7 +148,7 @@ impl Stop {
     ///
     /// # Errors
     /// When a handler cannot be installed.
-    pub fn install() -> anyhow::Result<Self> {
+    pub(crate) fn install() -> anyhow::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Self {
             int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
@@ -157,7 +157,7 @@ impl Stop {
     }
 
     /// Sleeps for `wait`; true when a signal came first (or had already come).
-    pub async fn sleep(&mut self, wait: Duration) -> bool {
+    pub(crate) async fn sleep(&mut self, wait: Duration) -> bool {
         tokio::select! {
             biased;
             _ = self.int.recv() => true,
@@ -232,7 +232,7 @@ impl Watcher {
         for key in gone {
             if let Some(tracked) = self.devices.remove(&key) {
                 // Read before untracking: the slots are zeroed on reuse, not on removal.
-                let counters = self.probe.read(&key)?;
+                let counters = self.probe.read(key)?;
                 let kernel = tracked.kernel;
                 rows.extend(device_rows(
                     &tracked.device,
@@ -242,7 +242,7 @@ impl Watcher {
                     now_ns,
                     true,
                 ));
-                self.probe.untrack(&key)?;
+                self.probe.untrack(key)?;
                 log::info!(
                     "{} (netns {}) is gone; retired",
                     tracked.device.name,
@@ -270,7 +270,7 @@ impl Watcher {
                     })
                 }
             };
-            let counters = self.probe.read(&key)?;
+            let counters = self.probe.read(key)?;
             let kernel = KernelDeltas {
                 tx_packets: tracked
                     .device
@@ -303,16 +303,14 @@ impl Watcher {
     }
 
     /// What each attached program cost so far (see [`crate::probe::enable_run_stats`]).
-    ///
-    /// # Errors
-    /// When program info cannot be read.
-    pub fn program_stats(&self) -> anyhow::Result<Vec<crate::probe::ProgramStats>> {
+    #[must_use]
+    pub(crate) fn program_stats(&self) -> Vec<crate::probe::ProgramStats> {
         self.probe.program_stats()
     }
 
     /// What feeds each counter.
     #[must_use]
-    pub fn sources(&self) -> &crate::backend::Sources {
+    pub(crate) fn sources(&self) -> &crate::backend::Sources {
         self.probe.sources()
     }
 
@@ -320,7 +318,7 @@ impl Watcher {
     ///
     /// # Errors
     /// When the host cannot be scanned.
-    pub fn nothing_matches(&mut self) -> anyhow::Result<String> {
+    pub(crate) fn nothing_matches(&mut self) -> anyhow::Result<String> {
         let all = self.discovery.describe_all()?;
         let mut text = String::from("no tun, tap, veth or macvtap device matches the filter");
         if all.is_empty() {
@@ -338,7 +336,7 @@ impl Watcher {
 
 /// `CLOCK_MONOTONIC` in ns, the clock of `bpf_ktime_get_ns`.
 #[must_use]
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
     u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000

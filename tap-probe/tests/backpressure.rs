@@ -1,16 +1,20 @@
 //! `NETDEV_TX_BUSY`, queue stops and wakes, on a veth whose peer reads slowly: veth has had
 //! the stop/wake backpressure that the tun series adds since upstream commit dc82a33297fc,
 //! so it is this kernel's test bed for those counters.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use tap_probe::discovery::Filter;
-use tap_probe::netlink::{QdiscStats, RootQdisc, Rtnl};
-use tap_probe::netns::run_in;
-use tap_probe::slow_consumer::SlowConsumer;
-use tap_probe::traffic::{self, SenderConfig};
+use tap_probe::lab::Filter;
+use tap_probe::lab::SlowConsumer;
+use tap_probe::lab::run_in;
+use tap_probe::lab::{self, SenderConfig};
+use tap_probe::lab::{QdiscStats, RootQdisc, Rtnl};
 
 const FRAMES: u64 = 20_000;
 /// Per packet on the peer: about 5 kpps, far below what one sender pushes even in an
@@ -54,7 +58,7 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
         batch: 1,
         ..SenderConfig::new(ifindex, FRAMES, Duration::from_secs(20))
     };
-    let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+    let sent = run_in(ns.path(), || lab::send(&cfg)).unwrap();
     let after = settle(&qdisc);
 
     let mut rows = Vec::new();

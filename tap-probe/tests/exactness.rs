@@ -1,15 +1,19 @@
 //! Our counters against the kernel's own, exactly, on a real tap with a slow reader; under
 //! every backend this kernel runs, attached at once to the same traffic.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tap_probe::discovery::Filter;
-use tap_probe::netlink::{RootQdisc, Rtnl};
-use tap_probe::netns::run_in;
-use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::Filter;
+use tap_probe::lab::run_in;
+use tap_probe::lab::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::{RootQdisc, Rtnl};
 
 /// Frames sent; the tap's ring holds `tx_queue_len` entries (1000 by default), the reader
 /// takes a few thousand per second, so most of these are tail-dropped on a stock kernel.
@@ -45,7 +49,7 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
                 deadline: Duration::from_secs(30),
                 max_packets: None,
             };
-            traffic::read(tap.queue_fd(0), &cfg, &stop)
+            lab::read(tap.queue_fd(0), &cfg, &stop)
         });
         // One frame per sendmsg: sendmmsg drops the error of a frame that failed mid-batch
         // (tun answers a full ring with NET_XMIT_DROP, ENOBUFS to the sender), which would
@@ -54,13 +58,13 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
             batch: 1,
             ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
         };
-        let sent = run_in(ns.path(), || traffic::send(&cfg));
+        let sent = run_in(ns.path(), || lab::send(&cfg));
         stop.store(true, Ordering::Relaxed);
         reader.join().unwrap().unwrap();
         sent.unwrap()
     });
     tap.set_nonblocking(true).unwrap();
-    traffic::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
+    lab::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
     let qdisc_after = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
     let mut rows = Vec::new();
@@ -194,7 +198,7 @@ fn reader_sleeps_match_the_readers_context_switches() {
             pps: Some(2_000),
             ..SenderConfig::new(tap.ifindex(), PACED_FRAMES, Duration::from_secs(20))
         };
-        let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+        let sent = run_in(ns.path(), || lab::send(&cfg)).unwrap();
         let (reads, switches) = reader.join().unwrap().unwrap();
         (reads, switches, sent)
     });

@@ -1,16 +1,20 @@
 //! A multi-queue tap with a reader per queue: counters land on the queue whose reader took
 //! the packets.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tap_probe::discovery::Filter;
-use tap_probe::netlink::{RootQdisc, Rtnl};
-use tap_probe::netns::run_in;
-use tap_probe::tap::{Tap, TapOptions};
-use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::Filter;
+use tap_probe::lab::run_in;
+use tap_probe::lab::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::{RootQdisc, Rtnl};
+use tap_probe::lab::{Tap, TapOptions};
 
 const FRAMES: u64 = 5_000;
 
@@ -46,7 +50,7 @@ fn per_queue_consumed_matches_each_readers_count() {
                         deadline: Duration::from_secs(30),
                         max_packets: None,
                     };
-                    traffic::read(tap.queue_fd(q), &cfg, stop)
+                    lab::read(tap.queue_fd(q), &cfg, stop)
                 })
             })
             .collect();
@@ -54,7 +58,7 @@ fn per_queue_consumed_matches_each_readers_count() {
             batch: 1,
             ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
         };
-        run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+        run_in(ns.path(), || lab::send(&cfg)).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         stop.store(true, Ordering::Relaxed);
         readers
@@ -64,7 +68,7 @@ fn per_queue_consumed_matches_each_readers_count() {
     });
     tap.set_nonblocking(true).unwrap();
     let drained: Vec<u64> = (0..2)
-        .map(|q| traffic::drain(tap.queue_fd(q), Duration::from_secs(5)).unwrap())
+        .map(|q| lab::drain(tap.queue_fd(q), Duration::from_secs(5)).unwrap())
         .collect();
 
     let mut per_queue: [Vec<_>; 2] = [Vec::new(), Vec::new()];
@@ -108,7 +112,7 @@ fn per_queue_consumed_matches_each_readers_count() {
 }
 
 /// A tap with two queues (one fd each) in `ns`, without a qdisc, up.
-fn two_queue_tap(ns: &tap_probe::netns::NamedNetns) -> Tap {
+fn two_queue_tap(ns: &tap_probe::lab::NamedNetns) -> Tap {
     run_in(ns.path(), || {
         let opts = TapOptions {
             multi_queue: true,

@@ -1,5 +1,9 @@
 //! `tap-probe watch` end to end: discovery across namespaces, owners, devices that vanish,
 //! the JSON schema, and bad input.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
@@ -7,9 +11,9 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
 use std::time::Duration;
 
-use tap_probe::discovery::{DeviceKind, Filter};
-use tap_probe::netlink::RootQdisc;
-use tap_probe::watch::Watcher;
+use tap_probe::lab::RootQdisc;
+use tap_probe::lab::Watcher;
+use tap_probe::lab::{DeviceKind, Filter};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
@@ -420,19 +424,19 @@ fn prometheus_endpoint_serves_the_counters() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let read = std::thread::scope(|s| {
         let reader = s.spawn(|| {
-            let cfg = tap_probe::traffic::ReaderConfig {
+            let cfg = tap_probe::lab::ReaderConfig {
                 pps: None,
                 deadline: Duration::from_secs(20),
                 max_packets: Some(FRAMES),
             };
-            tap_probe::traffic::read(tap.queue_fd(0), &cfg, &stop)
+            tap_probe::lab::read(tap.queue_fd(0), &cfg, &stop)
         });
-        let cfg = tap_probe::traffic::SenderConfig {
+        let cfg = tap_probe::lab::SenderConfig {
             batch: 1,
             pps: Some(5_000),
-            ..tap_probe::traffic::SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(10))
+            ..tap_probe::lab::SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(10))
         };
-        let sent = tap_probe::netns::run_in(ns.path(), || tap_probe::traffic::send(&cfg)).unwrap();
+        let sent = tap_probe::lab::run_in(ns.path(), || tap_probe::lab::send(&cfg)).unwrap();
         assert_eq!(sent.sent, FRAMES, "{sent:?}");
         reader.join().unwrap().unwrap()
     });

@@ -8,7 +8,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use anyhow::{Context as _, bail};
 
 /// The workspace root (the parent of `xtask/`).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives inside the workspace")
@@ -17,7 +17,7 @@ pub fn workspace_root() -> PathBuf {
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` if set (relative to where cargo was run,
 /// as cargo reads it), else `<workspace>/target`.
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) if !dir.is_empty() => std::env::current_dir()
             .unwrap_or_else(|_| workspace_root())
@@ -29,7 +29,7 @@ pub fn target_dir() -> PathBuf {
 /// A command that runs from the workspace root with cargo's bin directory on `PATH`:
 /// `cargo install` puts bpf-linker there, aya-build looks it up on `PATH`, and CI's `PATH`
 /// may lack it.
-pub fn new(program: impl AsRef<OsStr>) -> Command {
+pub(crate) fn new(program: impl AsRef<OsStr>) -> Command {
     let mut command = Command::new(program);
     command.current_dir(workspace_root());
     if let Some(path) = path_with_cargo_bin() {
@@ -51,7 +51,7 @@ fn path_with_cargo_bin() -> Option<OsString> {
 }
 
 /// `cargo` with the toolchain that runs xtask (rustup's proxy picks it up from `PATH`).
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     new("cargo")
 }
 
@@ -59,7 +59,7 @@ pub fn cargo() -> Command {
 ///
 /// # Errors
 /// If it cannot be started or exits non-zero.
-pub fn run(command: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run(command: &mut Command) -> anyhow::Result<()> {
     let status = status(command)?;
     check(command, status)
 }
@@ -68,7 +68,7 @@ pub fn run(command: &mut Command) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// If it cannot be started.
-pub fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
+pub(crate) fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
     echo(command);
     command
         .status()
@@ -77,7 +77,7 @@ pub fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
 
 /// Runs `command` quietly and returns its stdout if it ran and exited zero. For probing
 /// the machine (is X installed?), where failure is an answer, not an error.
-pub fn probe(command: &mut Command) -> Option<String> {
+pub(crate) fn probe(command: &mut Command) -> Option<String> {
     let output = command
         .stdin(Stdio::null())
         .stderr(Stdio::null())
@@ -93,7 +93,7 @@ pub fn probe(command: &mut Command) -> Option<String> {
 ///
 /// # Errors
 /// If `status` is not success.
-pub fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
+pub(crate) fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
     if status.success() {
         Ok(())
     } else {
@@ -102,12 +102,12 @@ pub fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
 }
 
 /// Prints `$ command` to stderr.
-pub fn echo(command: &Command) {
+pub(crate) fn echo(command: &Command) {
     eprintln!("$ {}", display(command));
 }
 
 /// The command as a shell would read it, with the environment it sets (except `PATH`).
-pub fn display(command: &Command) -> String {
+pub(crate) fn display(command: &Command) -> String {
     let envs = command.get_envs().filter_map(|(key, value)| {
         let value = value?;
         (key != "PATH").then(|| format!("{}={}", key.to_string_lossy(), quote(value)))
@@ -130,7 +130,7 @@ fn quote(word: &OsStr) -> String {
 }
 
 /// Whether this process runs as root.
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }

@@ -5,12 +5,12 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(reader) = tap_probe::trace_file::TraceReader::new(data) {
+    if let Ok(reader) = tap_probe::trace::TraceReader::new(data) {
         for record in reader {
             if record.is_err() {
                 break;
             }
         }
     }
-    let _ = tap_probe::replay::load_recording(data);
+    let _ = tap_probe::model::load_recording(data);
 });

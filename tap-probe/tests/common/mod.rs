@@ -8,12 +8,12 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context as _, Result};
-use tap_probe::netlink::{RootQdisc, Rtnl};
-use tap_probe::netns::{NamedNetns, run_in};
-use tap_probe::tap::{Tap, TapOptions};
+use tap_probe::lab::{NamedNetns, run_in};
+use tap_probe::lab::{RootQdisc, Rtnl};
+use tap_probe::lab::{Tap, TapOptions};
 
 /// Privileged tests need root; elsewhere they say so and pass.
-pub fn skip_unless_root() -> bool {
+pub(crate) fn skip_unless_root() -> bool {
     if nix::unistd::geteuid().is_root() {
         false
     } else {
@@ -23,7 +23,7 @@ pub fn skip_unless_root() -> bool {
 }
 
 /// A namespace name no other test or run uses.
-pub fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!(
         "tp-{tag}-{}-{}",
@@ -34,7 +34,7 @@ pub fn unique(tag: &str) -> String {
 
 /// A private namespace with IPv6 off, so the kernel sends nothing of its own (router
 /// solicitations, MLD) into the devices: every frame in them is the test's.
-pub fn quiet_netns(tag: &str) -> Result<NamedNetns> {
+pub(crate) fn quiet_netns(tag: &str) -> Result<NamedNetns> {
     let ns = NamedNetns::create(&unique(tag))?;
     run_in(ns.path(), || {
         for knob in ["all", "default"] {
@@ -47,7 +47,7 @@ pub fn quiet_netns(tag: &str) -> Result<NamedNetns> {
 }
 
 /// A tap in `ns` with the given root qdisc, up. Dropping the tap removes the device.
-pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
+pub(crate) fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
     run_in(ns.path(), || {
         let tap = Tap::create(name, TapOptions::default())?;
         let mut rtnl = Rtnl::open()?;
@@ -59,13 +59,13 @@ pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
 
 /// A watcher for each backend this kernel can run, all attached at once so they count the
 /// same traffic; backends the kernel cannot run are skipped with a message.
-pub fn watchers(
-    filter: &tap_probe::discovery::Filter,
-) -> Vec<(tap_probe::backend::Backend, tap_probe::watch::Watcher)> {
-    use tap_probe::backend::Backend;
+pub(crate) fn watchers(
+    filter: &tap_probe::lab::Filter,
+) -> Vec<(tap_probe::lab::Backend, tap_probe::lab::Watcher)> {
+    use tap_probe::lab::Backend;
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe::watch::Watcher::with_backend(filter, backend) {
+        match tap_probe::lab::Watcher::with_backend(filter, backend) {
             Ok(w) => all.push((backend, w)),
             Err(err) => eprintln!("skipping backend {backend:?} - {err:#}"),
         }
@@ -75,7 +75,7 @@ pub fn watchers(
 }
 
 /// The counters of a row, without its labels, to compare backends.
-pub fn counters(row: &tap_probe::report::Row) -> [u64; 10] {
+pub(crate) fn counters(row: &tap_probe::lab::Row) -> [u64; 10] {
     [
         row.xmit_calls,
         row.enqueued,
@@ -91,7 +91,7 @@ pub fn counters(row: &tap_probe::report::Row) -> [u64; 10] {
 }
 
 /// Every backend counted the same traffic identically.
-pub fn assert_backends_agree(rows: &[(tap_probe::backend::Backend, tap_probe::report::Row)]) {
+pub(crate) fn assert_backends_agree(rows: &[(tap_probe::lab::Backend, tap_probe::lab::Row)]) {
     for (backend, row) in &rows[1..] {
         assert_eq!(
             counters(row),

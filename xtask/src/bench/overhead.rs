@@ -47,7 +47,7 @@ const GOAL_MIN_RATIO: f64 = 0.97;
 const GOAL_MAX_LOSS_RATIO: f64 = 1.0 / 3.0;
 
 /// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
-pub type Args = super::RoundArgs;
+pub(crate) type Args = super::RoundArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -137,7 +137,7 @@ struct Goal {
 ///
 /// # Errors
 /// If any run fails: a process exits non-zero, or the load's report lacks its throughput.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| default_out("overhead"));
     let dir = runs_dir(&out)?;
     let mut runs = Vec::new();

@@ -62,7 +62,7 @@ const KIND_NAMES: [&str; 8] = [
 ];
 
 /// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
-pub type Args = super::RoundArgs;
+pub(crate) type Args = super::RoundArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -155,7 +155,7 @@ struct Goal {
 /// # Errors
 /// If any run fails: a process exits non-zero, the load's report lacks its counts, the
 /// trace file has no trailer, or the recording missed packets the load sent.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| default_out("record"));
     let dir = runs_dir(&out)?;
     let mut runs = Vec::new();

@@ -27,7 +27,7 @@ const GOAL_REPLAY_EVENTS_PER_S: f64 = 50e6;
 const GOAL_LIVE_ITEMS_PER_S: f64 = 20e6;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Rounds (at least 5).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(5..))]
     runs: u32,
@@ -65,7 +65,7 @@ struct Results {
 ///
 /// # Errors
 /// If a run fails or prints something that is not the expected JSON.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut replay: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     let mut live: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     for round in 0..args.runs {
