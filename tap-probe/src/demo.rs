@@ -1,24 +1,24 @@
 //! `tap-probe demo`: a tap in a private namespace, read by a deliberately slow reader (an
 //! emulated VM), fed bounded traffic, watched live; then everything is removed again.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, anyhow};
+use anyhow::anyhow;
 
+use crate::cli::Format;
 use crate::discovery::Filter;
 use crate::load::{LoadSession, QdiscArg, SessionConfig};
-use crate::render::{self, Format};
+use crate::render;
 use crate::report::Row;
+use crate::signals::Stop;
 use crate::traffic::SenderConfig;
-use crate::watch::{Stop, Watcher};
+use crate::watch::Watcher;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Seconds of traffic.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = secs)]
-    pub(crate) duration: f64,
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = crate::cli::duration)]
+    pub(crate) duration: Duration,
     /// Root qdisc on the tap.
     #[arg(long, value_enum, default_value_t = QdiscArg::PfifoFast)]
     pub(crate) qdisc: QdiscArg,
@@ -28,18 +28,11 @@ pub(crate) struct Args {
     /// Packets per second sent into the tap.
     #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) pps: u64,
-    /// Seconds between refreshes.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = secs)]
-    pub(crate) interval: f64,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
+    /// Seconds between refreshes (at least 0.01).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::interval)]
+    pub(crate) interval: Duration,
+    #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
-}
-
-fn secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?} must be a number of seconds in (0, 3600]")),
-    }
 }
 
 /// Runs `tap-probe demo`.
@@ -49,19 +42,14 @@ fn secs(s: &str) -> Result<f64, String> {
 /// are removed in every case (they are guards), also on Ctrl-C and SIGTERM.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let mut signals = runtime.block_on(async { Stop::install() })?;
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Stop::install()?;
     let session_cfg = SessionConfig {
         qdisc: Some(args.qdisc.into()),
         tx_queue_len: None,
         reader_pps: Some(args.reader_pps),
-        reader_deadline: Some(Duration::from_secs_f64(args.duration) + Duration::from_secs(30)),
+        reader_deadline: Some(args.duration + Duration::from_secs(30)),
     };
-    let mut session = LoadSession::start(&session_cfg, Arc::clone(&stop))?;
+    let mut session = LoadSession::start(&session_cfg, stop.flag())?;
     let device = session.device().clone();
     let mut watcher = Watcher::new(&Filter {
         globs: vec![device.name.clone()],
@@ -78,35 +66,33 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 .map_or_else(String::new, |v| v.get_name().to_owned()),
             args.reader_pps,
             args.pps,
-            args.duration
+            args.duration.as_secs_f64()
         );
     }
     let mut previous = watcher.refresh()?;
     out.show(&previous, None)?;
 
-    let duration = Duration::from_secs_f64(args.duration);
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         clippy::cast_precision_loss,
         reason = "pps and duration are bounded by their parsers"
     )]
-    let count = (args.pps as f64 * args.duration).ceil() as u64;
+    let count = (args.pps as f64 * args.duration.as_secs_f64()).ceil() as u64;
     let sender_cfg = SenderConfig {
         pps: Some(args.pps),
-        ..SenderConfig::new(0, count, duration)
+        ..SenderConfig::new(0, count, args.duration)
     };
-    let period = Duration::from_secs_f64(args.interval);
     let sent = std::thread::scope(|scope| -> anyhow::Result<_> {
         let sender = scope.spawn(|| session.send(&sender_cfg));
-        let end = Instant::now() + duration;
+        let end = Instant::now() + args.duration;
         while !sender.is_finished() {
-            let wait = period.min(
+            let wait = args.interval.min(
                 end.saturating_duration_since(Instant::now())
                     .max(Duration::from_millis(50)),
             );
-            if runtime.block_on(signals.sleep(wait)) {
-                stop.store(true, Ordering::Relaxed);
+            // A signal also stops the sender (it shares the flag); the loop ends with it.
+            if stop.sleep(wait) {
                 break;
             }
             let report = watcher.refresh()?;

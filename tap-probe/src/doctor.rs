@@ -10,18 +10,11 @@ use serde::Serialize;
 use tap_probe_common::{GLOBAL_KERNEL, KernelFacts, MAX_READER_RANGES, TextRange};
 
 use crate::backend::Sources;
+use crate::cli::Format;
 use crate::kallsyms::Kallsyms;
 use crate::probe::Probe;
+use crate::table::Table;
 use crate::{btf, kallsyms, privileges};
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Format {
-    /// Aligned, human-readable text.
-    #[default]
-    Table,
-    /// One JSON object.
-    Json,
-}
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -251,12 +244,10 @@ struct Report {
 /// Only when the report cannot be written; failed checks are part of the report.
 pub(crate) fn run(args: &Args) -> Result<()> {
     let report = collect();
-    let text = match args.format {
+    crate::output::stdout(&match args.format {
         Format::Table => render_table(&report),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
-    };
-    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes())?;
-    Ok(())
+    })
 }
 
 fn collect() -> Report {
@@ -535,30 +526,13 @@ fn try_trial(kind: AttachKind, object: &[u8], facts: &KernelFacts) -> Result<(),
     }
 }
 
-/// Lays out rows as aligned columns (the last column is not padded).
-fn columns(out: &mut String, indent: &str, rows: &[Vec<String>]) {
-    let width = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..width)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+/// Lays out rows as left-aligned columns.
+fn columns(out: &mut String, indent: &'static str, rows: &[Vec<String>]) {
+    let mut table = Table::new(&[]).indent(indent);
     for row in rows {
-        let mut line = indent.to_owned();
-        for (c, cell) in row.iter().enumerate() {
-            if c + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
+        table.row(row.clone());
     }
+    out.push_str(&table.render());
 }
 
 /// `struct sk_buff *skb`, `int rc`: how C spells a parameter.
@@ -725,20 +699,6 @@ fn render_kallsyms(out: &mut String, r: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn columns_align() {
-        let mut out = String::new();
-        columns(
-            &mut out,
-            "  ",
-            &[
-                vec!["a".into(), "long".into(), "x".into()],
-                vec!["bbb".into(), "s".into(), "y".into()],
-            ],
-        );
-        assert_eq!(out, "  a    long  x\n  bbb  s     y\n");
-    }
 
     #[test]
     fn one_line_flattens_and_truncates() {

@@ -4,19 +4,20 @@
 //! [`LoadSession`] is the reusable core (the demo and the benchmark runner drive it
 //! directly); [`run_load`] is the whole run as a function; [`run`] is the subcommand.
 
-use std::fmt::Write as _;
 use std::os::fd::AsFd as _;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
+use crate::cli::Format;
 use crate::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
 use crate::netns::{self, NamedNetns};
+use crate::signals::Stop;
+use crate::table::{Align, Table};
 use crate::tap::{Tap, TapOptions};
 use crate::traffic::{self, ReadReport, ReaderConfig, SendReport, SenderConfig};
 
@@ -45,12 +46,6 @@ impl From<QdiscArg> for RootQdisc {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Format {
-    Table,
-    Json,
-}
-
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
     /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
@@ -66,8 +61,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 2_000_000)]
     pub(crate) packets: u64,
     /// Seconds to send at most.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    pub(crate) duration: f64,
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cli::duration)]
+    pub(crate) duration: Duration,
     /// Ethernet frame length in bytes.
     #[arg(long, default_value_t = 64)]
     pub(crate) frame_len: usize,
@@ -79,9 +74,9 @@ pub(crate) struct Args {
     pub(crate) batch: usize,
     /// Seconds to wait after the tap is up before sending (time for a separately started
     /// `tap-probe watch` to discover it).
-    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
-    pub(crate) start_delay: f64,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
+    #[arg(long, value_name = "SECS", default_value = "0", value_parser = crate::cli::delay)]
+    pub(crate) start_delay: Duration,
+    #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
 }
 
@@ -99,24 +94,22 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             reader_deadline: None,
         },
         packets: args.packets,
-        duration: secs("--duration", args.duration)?,
+        duration: args.duration,
         frame_len: args.frame_len,
         pps: args.pps,
         batch: args.batch,
-        start_delay: secs("--start-delay", args.start_delay)?,
+        start_delay: args.start_delay,
     };
     check_capabilities()?;
-    let stop = stop_flag();
-    let _signals = SignalGuard::install().context("cannot install the SIGINT/SIGTERM handlers")?;
-    let report = run_load_with_stop(&cfg, &stop)?;
+    let stop = Stop::install()?;
+    let report = run_load_with_stop(&cfg, &stop.flag())?;
     if report.interrupted {
         bail!("interrupted; the namespace and the tap were removed");
     }
-    match args.format {
-        Format::Json => println!("{}", serde_json::to_string(&report)?),
-        Format::Table => print!("{}", report.table()),
-    }
-    Ok(())
+    crate::output::stdout(&match args.format {
+        Format::Json => serde_json::to_string(&report)? + "\n",
+        Format::Table => report.table(),
+    })
 }
 
 /// `load` needs `CAP_SYS_ADMIN` (namespaces, mounts), `CAP_NET_ADMIN` (tap, links, qdiscs)
@@ -142,11 +135,6 @@ fn check_capabilities() -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn secs(flag: &str, value: f64) -> Result<Duration> {
-    Duration::try_from_secs_f64(value)
-        .map_err(|_| anyhow!("{flag} must be a non-negative number of seconds, got {value}"))
 }
 
 /// The tap's setup.
@@ -483,12 +471,11 @@ impl LoadReport {
             ("sender pps", format!("{:.0}", self.sender_pps)),
             ("delivered pps", format!("{:.0}", self.delivered_pps)),
         ];
-        let mut out = String::new();
+        let mut table = Table::new(&[Align::Left, Align::Left]);
         for (k, v) in rows {
-            // Writing to a String cannot fail.
-            let _ = writeln!(out, "{k:<18} {v}");
+            table.row(vec![k.to_owned(), v]);
         }
-        out
+        table.render()
     }
 }
 
@@ -562,58 +549,6 @@ fn sleep_unless(duration: Duration, stop: &AtomicBool) {
             break;
         }
         std::thread::sleep(left.min(Duration::from_millis(50)));
-    }
-}
-
-/// The flag the signal handler sets; one per process, reset at every `run`.
-fn stop_flag() -> Arc<AtomicBool> {
-    let flag = Arc::clone(SIGNAL_STOP.get_or_init(|| Arc::new(AtomicBool::new(false))));
-    flag.store(false, Ordering::Relaxed);
-    flag
-}
-
-static SIGNAL_STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // Async-signal-safe: OnceLock::get is an atomic load once initialised, and the store
-    // is a single atomic write.
-    if let Some(flag) = SIGNAL_STOP.get() {
-        flag.store(true, Ordering::Relaxed);
-    }
-}
-
-/// SIGINT/SIGTERM set [`SIGNAL_STOP`] while this lives; the previous handlers come back
-/// on drop. No `SA_RESTART`, so blocking calls return `EINTR` and loops look at the flag.
-struct SignalGuard {
-    old: Vec<(Signal, SigAction)>,
-}
-
-impl SignalGuard {
-    fn install() -> Result<Self> {
-        let action = SigAction::new(
-            SigHandler::Handler(on_signal),
-            SaFlags::empty(),
-            SigSet::empty(),
-        );
-        let mut guard = Self { old: Vec::new() };
-        for signal in [Signal::SIGINT, Signal::SIGTERM] {
-            // SAFETY: the handler only touches atomics.
-            let old = unsafe { sigaction(signal, &action) }
-                .with_context(|| format!("sigaction({signal})"))?;
-            guard.old.push((signal, old));
-        }
-        Ok(guard)
-    }
-}
-
-impl Drop for SignalGuard {
-    fn drop(&mut self) {
-        for (signal, old) in &self.old {
-            // SAFETY: restores a previously installed action.
-            if let Err(err) = unsafe { sigaction(*signal, old) } {
-                log::warn!("cannot restore the {signal} handler: {err}");
-            }
-        }
     }
 }
 

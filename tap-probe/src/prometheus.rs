@@ -180,25 +180,47 @@ fn escape(value: &str) -> String {
     out
 }
 
-/// The scrape endpoint: serves the text given to [`Exporter::publish`] last.
+/// The scrape endpoint: serves the text given to [`Exporter::publish`] last, from a thread
+/// of its own, so scrapes never wait for a refresh and a refresh never waits for a scrape.
+/// Dropping it stops the server.
 pub(crate) struct Exporter {
     text: watch::Sender<Arc<str>>,
     addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Exporter {
-    /// Listens on `addr` and serves from a task on the current tokio runtime.
+    /// Listens on `addr` and starts serving.
     ///
     /// # Errors
-    /// When the address cannot be bound (in use, not local, a privileged port).
-    pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(addr).await.with_context(|| {
+    /// When the address cannot be bound (in use, not local, a privileged port), or the
+    /// server's thread cannot start.
+    pub(crate) fn start(addr: SocketAddr) -> anyhow::Result<Self> {
+        let runtime = runtime()?;
+        let listener = runtime.block_on(TcpListener::bind(addr)).with_context(|| {
             format!("cannot listen on {addr} for --prometheus: choose another address or port")
         })?;
         let addr = listener.local_addr()?;
         let (text, latest) = watch::channel(Arc::<str>::from(""));
-        tokio::spawn(serve(listener, latest));
-        Ok(Self { text, addr })
+        let (shutdown, stopped) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("prometheus".to_owned())
+            .spawn(move || {
+                runtime.block_on(async {
+                    tokio::select! {
+                        () = serve(listener, latest) => {}
+                        _ = stopped => {}
+                    }
+                });
+            })
+            .context("starting the metrics server's thread")?;
+        Ok(Self {
+            text,
+            addr,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
     }
 
     /// The address actually bound (port 0 picks a free one).
@@ -210,6 +232,28 @@ impl Exporter {
     pub(crate) fn publish(&self, report: &Report) {
         self.text.send_replace(exposition(report).into());
     }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            log::warn!("the metrics server's thread panicked");
+        }
+    }
+}
+
+/// The one tokio runtime tap-probe builds: a single thread for the scrape endpoint, whose
+/// connections are few and short.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime of the metrics server")
 }
 
 async fn serve(listener: TcpListener, latest: watch::Receiver<Arc<str>>) {

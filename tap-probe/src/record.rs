@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use tap_probe_common::{DeviceKey, EventKind, TraceEvent};
 
-use crate::discovery::{Discovery, Filter};
+use crate::discovery::Discovery;
 use crate::probe::Probe;
+use crate::signals::Stop;
 use crate::trace_file::{DeviceInfo, Event, Header, TraceWriter, Trailer};
-use crate::watch::{Stop, monotonic_ns};
+use crate::watch::monotonic_ns;
 
 /// Events are written once they are this much older than the newest event seen.
 pub(crate) const REORDER_WINDOW_NS: u64 = 10_000_000;
@@ -38,27 +39,15 @@ pub(crate) struct Args {
     /// The trace file to write.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub(crate) output: PathBuf,
-    /// Record devices whose name matches GLOB (repeatable; default: every tun, tap, veth and
-    /// macvtap device).
-    #[arg(long = "dev", value_name = "GLOB")]
-    pub(crate) devs: Vec<String>,
-    /// Only devices in network namespaces whose name matches NAME (a glob, as for `watch`).
-    #[arg(long, value_name = "NAME")]
-    pub(crate) netns: Option<String>,
+    #[command(flatten)]
+    pub(crate) devices: crate::cli::DeviceArgs,
     /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
-    pub(crate) duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = crate::cli::duration)]
+    pub(crate) duration: Option<Duration>,
     /// Start even if no device matches yet: attach, then wait for the first matching
     /// devices to appear and record those (devices that appear later are not added).
     #[arg(long)]
     pub(crate) wait: bool,
-}
-
-fn positive_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 * 365.0 => Ok(v),
-        _ => Err(format!("{s} must be a number of seconds greater than 0")),
-    }
 }
 
 /// Sorts events within a window and writes them.
@@ -238,26 +227,14 @@ impl<W: Write> Recorder<W> {
 /// # Errors
 /// Missing privileges, no matching device, a failure to attach, or a write error. On a
 /// signal the file is completed (trailer included) before returning.
-pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    crate::privileges::check()?;
-    let filter = Filter {
-        globs: args.devs.clone(),
-        netns: args.netns.clone(),
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(record(args, filter))
-}
-
 #[expect(
     clippy::too_many_lines,
     reason = "set-up, the loop and the orderly end read best in one place"
 )]
-async fn record(args: &Args, filter: Filter) -> anyhow::Result<()> {
-    let mut stop = Stop::install()?;
-    let mut discovery = Discovery::new(&filter)?;
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    crate::privileges::check()?;
+    let stop = Stop::install()?;
+    let mut discovery = Discovery::new(&args.devices.filter())?;
     let mut devices = discovery.scan()?;
     if devices.is_empty() && !args.wait {
         bail!(
@@ -272,7 +249,7 @@ async fn record(args: &Args, filter: Filter) -> anyhow::Result<()> {
     if devices.is_empty() {
         eprintln!("attached; waiting for a device that matches the filter");
         while devices.is_empty() {
-            if stop.sleep(WAIT_POLL).await {
+            if stop.sleep(WAIT_POLL) {
                 bail!("stopped before any device matched the filter; nothing was recorded");
             }
             devices = discovery.scan()?;
@@ -316,9 +293,7 @@ async fn record(args: &Args, filter: Filter) -> anyhow::Result<()> {
             args.output.display()
         );
     }
-    let deadline = args
-        .duration
-        .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let deadline = args.duration.map(|d| Instant::now() + d);
     let mut lost_seen = 0u64;
     let mut lost_checked = Instant::now();
     loop {
@@ -340,7 +315,7 @@ async fn record(args: &Args, filter: Filter) -> anyhow::Result<()> {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        if n == 0 && stop.sleep(POLL_SLEEP).await {
+        if n == 0 && stop.sleep(POLL_SLEEP) {
             break;
         }
     }

@@ -1,18 +1,11 @@
 //! Output: a live table for people, one JSON object per refresh for programs.
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal as _, Write as _};
+use std::io::IsTerminal as _;
 
+use crate::cli::Format;
 use crate::report::{Report, Row};
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Format {
-    /// A table refreshed in place on a terminal, appended otherwise.
-    #[default]
-    Table,
-    /// One JSON object per line and refresh.
-    Json,
-}
+use crate::table::{Align, Table};
 
 pub(crate) struct Output {
     format: Format,
@@ -46,7 +39,7 @@ impl Output {
                 t
             }
         };
-        write_out(&text)
+        crate::output::stdout(&text)
     }
 
     /// The final summary after detaching.
@@ -62,25 +55,21 @@ impl Output {
                     report.elapsed_s,
                     table(report, None)
                 );
+                let mut programs = Table::new(&[Align::Left, Align::Left, Align::Right]);
                 for p in report.programs.iter().flatten() {
-                    let _ = writeln!(
-                        t,
-                        "program {:<20} {:>12} runs {:>6} ns/run",
-                        p.program, p.runs, p.mean_ns
-                    );
+                    programs.row(vec![
+                        "program".to_owned(),
+                        p.program.clone(),
+                        format!("{} runs", p.runs),
+                        format!("{} ns/run", p.mean_ns),
+                    ]);
                 }
+                t.push_str(&programs.render());
                 t
             }
         };
-        write_out(&text)
+        crate::output::stdout(&text)
     }
-}
-
-fn write_out(text: &str) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
 }
 
 /// One report as a JSON line; `final` marks the summary written after detaching.
@@ -178,32 +167,13 @@ pub(crate) fn table(report: &Report, previous: Option<&Report>) -> String {
             count(row.kernel.tx_dropped),
         ]);
     }
-    let widths: Vec<usize> = (0..HEADER.len())
-        .map(|i| {
-            lines
-                .iter()
-                .map(|l| l[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for line in &lines {
-        let cells: Vec<String> = line
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (cell, w))| {
-                if i < 5 {
-                    format!("{cell:<w$}")
-                } else {
-                    format!("{cell:>w$}")
-                }
-            })
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
+    let mut align = [Align::Right; HEADER.len()];
+    align[..5].fill(Align::Left);
+    let mut table = Table::new(&align);
+    for line in lines {
+        table.row(line);
     }
+    let mut out = table.render();
     footer(report, &mut out);
     out
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use tap_probe_common::EventKind;
 
+use crate::cli::Format;
 use crate::replay::live::{self, LiveConfig, LiveResult};
 use crate::replay::plot::{self, Panel};
 use crate::replay::policy::Policy;
@@ -16,6 +17,7 @@ use crate::replay::ring::X86_64_BATCH;
 use crate::replay::sim::{Metrics, SimConfig, simulate};
 use crate::replay::workload::Workload;
 use crate::replay::{Ops, Stream, load_recording};
+use crate::table::{Align, Table};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -38,8 +40,8 @@ pub(crate) struct Args {
     /// pfifo defaults to `tx_queue_len`].
     #[arg(long, value_name = "N")]
     pub(crate) qdisc_limit: Option<u32>,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub(crate) format: OutputFormat,
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) format: Format,
     /// Also draw ring occupancy over time, one panel per policy, to this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
@@ -47,28 +49,15 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) live: bool,
     /// Seconds per policy for `--live`.
-    #[arg(long, default_value_t = 1.0, value_name = "SECS", value_parser = positive_secs)]
-    pub(crate) live_duration: f64,
+    #[arg(long, default_value = "1", value_name = "SECS", value_parser = crate::cli::duration)]
+    pub(crate) live_duration: Duration,
     /// Busy work per item the `--live` reader does (loop rounds), to make it the slower side.
     #[arg(long, default_value_t = 0, value_name = "ROUNDS")]
     pub(crate) live_work: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum OutputFormat {
-    Table,
-    Json,
-}
-
 fn parse_policy(s: &str) -> Result<Policy, String> {
     s.parse()
-}
-
-fn positive_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!("{s:?} must be a number of seconds in (0, 3600]")),
-    }
 }
 
 /// One policy's result with how long the replay took.
@@ -161,17 +150,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             );
         }
     }
-    match args.format {
-        OutputFormat::Json => {
+    crate::output::stdout(&match args.format {
+        Format::Json => {
             let report = Report {
                 source,
                 lost,
                 streams: &reports,
             };
-            println!("{}", serde_json::to_string(&report)?);
+            serde_json::to_string(&report)? + "\n"
         }
-        OutputFormat::Table => print!("{}", table(&source, lost, &reports)),
-    }
+        Format::Table => table(&source, lost, &reports),
+    })?;
     if lost > 0 {
         eprintln!(
             "tap-probe: warning: {lost} events were lost while recording; the replay lacks them"
@@ -293,49 +282,53 @@ pub(crate) fn table(source: &str, lost: u64, reports: &[StreamReport]) -> String
                 c.enqueued, c.dropped_full_ring, c.busy, c.consumed, c.queue_stops, c.queue_wakes
             );
         }
-        let _ = writeln!(
-            out,
-            "  {:<16} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10} {:>8} {:>6} {:>10} {:>10}",
-            "policy",
-            "ring",
-            "delivered",
-            "ring-drop",
-            "qdisc-drop",
-            "busy",
-            "stops",
-            "wakes",
-            "stopped-ms",
-            "occ-mean",
-            "occ-max",
-            "p50-us",
-            "p99-us"
+        let mut align = [Align::Right; 13];
+        align[0] = Align::Left;
+        let mut t = Table::new(&align).indent("  ");
+        t.row(
+            [
+                "policy",
+                "ring",
+                "delivered",
+                "ring-drop",
+                "qdisc-drop",
+                "busy",
+                "stops",
+                "wakes",
+                "stopped-ms",
+                "occ-mean",
+                "occ-max",
+                "p50-us",
+                "p99-us",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         );
-        for t in &r.results {
-            let m = &t.metrics;
+        for timed in &r.results {
+            let m = &timed.metrics;
             #[expect(clippy::cast_precision_loss, reason = "display")]
             let (stopped_ms, p50, p99) = (
                 m.stopped_ns as f64 / 1e6,
                 m.delay_p50_ns as f64 / 1e3,
                 m.delay_p99_ns as f64 / 1e3,
             );
-            let _ = writeln!(
-                out,
-                "  {:<16} {:>6} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10.3} {:>8.1} {:>6} {:>10.1} {:>10.1}",
-                m.policy,
-                m.ring_size,
-                m.delivered,
-                m.ring_full_drops,
-                m.qdisc_drops,
-                m.busy,
-                m.stops,
-                m.wakes,
-                stopped_ms,
-                m.mean_occupancy,
-                m.max_occupancy,
-                p50,
-                p99
-            );
+            t.row(vec![
+                m.policy.clone(),
+                m.ring_size.to_string(),
+                m.delivered.to_string(),
+                m.ring_full_drops.to_string(),
+                m.qdisc_drops.to_string(),
+                m.busy.to_string(),
+                m.stops.to_string(),
+                m.wakes.to_string(),
+                format!("{stopped_ms:.3}"),
+                format!("{:.1}", m.mean_occupancy),
+                m.max_occupancy.to_string(),
+                format!("{p50:.1}"),
+                format!("{p99:.1}"),
+            ]);
         }
+        out.push_str(&t.render());
     }
     out
 }
@@ -348,42 +341,56 @@ fn run_live(args: &Args, policies: &[Policy], streams: &[Stream]) -> anyhow::Res
     let cfg = LiveConfig {
         ring_size,
         cache_batch: X86_64_BATCH,
-        duration: Duration::from_secs_f64(args.live_duration),
+        duration: args.live_duration,
         consumer_work: args.live_work,
     };
     let mut results: Vec<LiveResult> = Vec::new();
     for &p in policies {
         results.push(live::run(&cfg, p)?);
     }
-    match args.format {
-        OutputFormat::Json => println!("{}", serde_json::to_string(&results)?),
-        OutputFormat::Table => {
-            let mut out = String::new();
+    let text = match args.format {
+        Format::Json => serde_json::to_string(&results)? + "\n",
+        Format::Table => {
             let pinned = results.first().and_then(|r| r.cpus).map_or_else(
                 || "not pinned".to_owned(),
                 |(a, b)| format!("CPUs {a} -> {b}"),
             );
-            let _ = writeln!(
-                out,
-                "live ring of {ring_size} entries, {pinned}, {} s per policy",
-                args.live_duration
+            let mut out = format!(
+                "live ring of {ring_size} entries, {pinned}, {} s per policy\n",
+                args.live_duration.as_secs_f64()
             );
-            let _ = writeln!(
-                out,
-                "  {:<16} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10}",
-                "policy", "items/s", "delivered", "dropped", "busy", "stops", "wakes"
+            let mut align = [Align::Right; 7];
+            align[0] = Align::Left;
+            let mut t = Table::new(&align).indent("  ");
+            t.row(
+                [
+                    "policy",
+                    "items/s",
+                    "delivered",
+                    "dropped",
+                    "busy",
+                    "stops",
+                    "wakes",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
             );
             for r in &results {
-                let _ = writeln!(
-                    out,
-                    "  {:<16} {:>12.0} {:>12} {:>12} {:>10} {:>10} {:>10}",
-                    r.policy, r.items_per_s, r.delivered, r.dropped, r.busy, r.stops, r.wakes
-                );
+                t.row(vec![
+                    r.policy.clone(),
+                    format!("{:.0}", r.items_per_s),
+                    r.delivered.to_string(),
+                    r.dropped.to_string(),
+                    r.busy.to_string(),
+                    r.stops.to_string(),
+                    r.wakes.to_string(),
+                ]);
             }
-            print!("{out}");
+            out.push_str(&t.render());
+            out
         }
-    }
-    Ok(())
+    };
+    crate::output::stdout(&text)
 }
 
 #[cfg(test)]

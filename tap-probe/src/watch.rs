@@ -4,32 +4,28 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE};
 
 use crate::backend::Backend;
+use crate::cli::Format;
 use crate::discovery::{Device, Discovery, Filter};
 use crate::probe::Probe;
-use crate::render::{self, Format};
+use crate::render;
 use crate::report::{KernelDeltas, ReasonNames, Report, device_rows};
+use crate::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Watch devices whose name matches GLOB (repeatable; default: every tun, tap, veth and
-    /// macvtap device).
-    #[arg(long = "dev", value_name = "GLOB")]
-    pub(crate) devs: Vec<String>,
-    /// Only devices in network namespaces whose name matches NAME (a glob; "init" is the
-    /// host's own, named ones as in `ip netns list`, others `pid:N`).
-    #[arg(long, value_name = "NAME")]
-    pub(crate) netns: Option<String>,
-    /// Seconds between refreshes.
-    #[arg(long, default_value_t = 1.0, value_parser = positive_secs)]
-    pub(crate) interval: f64,
+    #[command(flatten)]
+    pub(crate) devices: crate::cli::DeviceArgs,
+    /// Seconds between refreshes (at least 0.01).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::interval)]
+    pub(crate) interval: Duration,
     /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
-    #[arg(long, value_parser = positive_secs)]
-    pub(crate) duration: Option<f64>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
+    #[arg(long, value_name = "SECS", value_parser = crate::cli::duration)]
+    pub(crate) duration: Option<Duration>,
+    #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
     /// Start even if no device matches yet, and pick devices up as they appear.
     #[arg(long)]
@@ -49,17 +45,6 @@ pub(crate) struct Args {
     pub(crate) prometheus: Option<std::net::SocketAddr>,
 }
 
-fn positive_secs(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if v.is_finite() && v > 0.0 && v <= 86_400.0 * 365.0 {
-        Ok(v)
-    } else {
-        Err(format!("{s} must be a number of seconds greater than 0"))
-    }
-}
-
 /// Runs `tap-probe watch`.
 ///
 /// # Errors
@@ -67,63 +52,51 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 /// attach; the probes are detached in every case.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::privileges::check()?;
-    let filter = Filter {
-        globs: args.devs.clone(),
-        netns: args.netns.clone(),
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(async {
-        // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
-        // held until the loop below and still ends in a clean detach.
-        let mut stop = Stop::install()?;
-        let exporter = match args.prometheus {
-            Some(addr) => Some(crate::prometheus::Exporter::bind(addr).await?),
-            None => None,
-        };
-        let _stats = args
-            .program_stats
-            .then(crate::probe::enable_run_stats)
-            .transpose()?;
-        let mut watcher = Watcher::with_backend(&filter, args.backend)?;
-        log::info!("sources: {}", watcher.sources());
-        let first = watcher.refresh()?;
-        if first.rows.is_empty() && !args.wait {
-            bail!("{}", watcher.nothing_matches()?);
+    let filter = args.devices.filter();
+    // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
+    // held until the loop below and still ends in a clean detach.
+    let stop = Stop::install()?;
+    let exporter = args
+        .prometheus
+        .map(crate::prometheus::Exporter::start)
+        .transpose()?;
+    let _stats = args
+        .program_stats
+        .then(crate::probe::enable_run_stats)
+        .transpose()?;
+    let mut watcher = Watcher::with_backend(&filter, args.backend)?;
+    log::info!("sources: {}", watcher.sources());
+    let first = watcher.refresh()?;
+    if first.rows.is_empty() && !args.wait {
+        bail!("{}", watcher.nothing_matches()?);
+    }
+    if let Some(exporter) = &exporter {
+        exporter.publish(&first);
+        eprintln!(
+            "tap-probe: serving metrics on http://{}/metrics",
+            exporter.addr()
+        );
+    }
+    let out = render::Output::new(args.format);
+    out.show(&first, None)?;
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let mut previous = first;
+    while let Some(wait) = next_wait(args.interval, deadline) {
+        if stop.sleep(wait) {
+            break;
         }
+        let report = watcher.refresh()?;
         if let Some(exporter) = &exporter {
-            exporter.publish(&first);
-            eprintln!(
-                "tap-probe: serving metrics on http://{}/metrics",
-                exporter.addr()
-            );
+            exporter.publish(&report);
         }
-        let out = render::Output::new(args.format);
-        out.show(&first, None)?;
-        let period = Duration::from_secs_f64(args.interval);
-        let deadline = args
-            .duration
-            .map(|d| Instant::now() + Duration::from_secs_f64(d));
-        let mut previous = first;
-        while let Some(wait) = next_wait(period, deadline) {
-            if stop.sleep(wait).await {
-                break;
-            }
-            let report = watcher.refresh()?;
-            if let Some(exporter) = &exporter {
-                exporter.publish(&report);
-            }
-            out.show(&report, Some(&previous))?;
-            previous = report;
-        }
-        let mut last = watcher.refresh()?;
-        if args.program_stats {
-            last.programs = Some(watcher.program_stats());
-        }
-        out.summary(&last)
-    })
+        out.show(&report, Some(&previous))?;
+        previous = report;
+    }
+    let mut last = watcher.refresh()?;
+    if args.program_stats {
+        last.programs = Some(watcher.program_stats());
+    }
+    out.summary(&last)
 }
 
 /// How long to sleep before the next refresh, or `None` once the deadline has passed.
@@ -133,36 +106,6 @@ fn next_wait(period: Duration, deadline: Option<Instant>) -> Option<Duration> {
         Some(d) => {
             let left = d.saturating_duration_since(Instant::now());
             (!left.is_zero()).then(|| period.min(left))
-        }
-    }
-}
-
-/// SIGINT and SIGTERM, registered once.
-pub(crate) struct Stop {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-impl Stop {
-    /// Registers the handlers; must run inside a tokio runtime.
-    ///
-    /// # Errors
-    /// When a handler cannot be installed.
-    pub(crate) fn install() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Self {
-            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
-            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
-        })
-    }
-
-    /// Sleeps for `wait`; true when a signal came first (or had already come).
-    pub(crate) async fn sleep(&mut self, wait: Duration) -> bool {
-        tokio::select! {
-            biased;
-            _ = self.int.recv() => true,
-            _ = self.term.recv() => true,
-            () = tokio::time::sleep(wait) => false,
         }
     }
 }
