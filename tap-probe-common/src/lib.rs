@@ -2,7 +2,11 @@
 //!
 //! Everything here is `#[repr(C)]` with explicit padding so both sides agree on the layout
 //! byte for byte; the `user` feature adds the `aya::Pod` impls the loader needs.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
+
+mod counters;
+
+pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Source, Unit};
 
 /// Queue slots the counter map holds. A device takes as many consecutive slots as it has
 /// transmit queues; see [`DeviceSlot`].
@@ -50,36 +54,6 @@ pub struct DeviceKey {
 pub struct DeviceSlot {
     pub base: u32,
     pub queues: u32,
-}
-
-/// Counters of one transmit queue of one device, per CPU in the map; the loader sums CPUs.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueCounters {
-    /// Calls into the driver's `ndo_start_xmit` (every `net:net_dev_xmit`).
-    pub xmit_calls: u64,
-    /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
-    pub enqueued: u64,
-    /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
-    pub busy: u64,
-    /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
-    pub dropped_full_ring: u64,
-    /// Freed inside the driver for any other reason (broken down in `DROP_REASONS`), or a
-    /// driver return code that is neither OK nor BUSY.
-    pub dropped_other: u64,
-    /// Packets the reader copied out of the ring and released (`consume_skb` from the tun/tap
-    /// read path).
-    pub consumed: u64,
-    /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit, as observed.
-    pub queue_stops: u64,
-    pub queue_wakes: u64,
-    /// Nanoseconds spent stopped, summed over completed stop..wake intervals.
-    pub stopped_ns: u64,
-    /// Times the queue's reader slept between two packets it took: the growth of the
-    /// reader thread's voluntary context switches (`task_struct.nvcsw`) from one take to the
-    /// next. Each is a read that found the ring empty and waited, ended by one wake-up, so
-    /// `reader_sleeps / consumed` is the wake-ups per packet delivered.
-    pub reader_sleeps: u64,
 }
 
 /// The last reader of a queue, at its last take: whose voluntary context switches to
@@ -213,6 +187,17 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// Every kind, by value.
+    pub const ALL: [Self; 7] = [
+        Self::Enqueued,
+        Self::DroppedFullRing,
+        Self::Busy,
+        Self::Consumed,
+        Self::QueueStop,
+        Self::QueueWake,
+        Self::DroppedOther,
+    ];
+
     #[must_use]
     pub const fn from_u32(v: u32) -> Option<Self> {
         Some(match v {

@@ -125,10 +125,10 @@ fn explain(row: &Row, sent: u64, tx_packets: u64, tx_dropped: u64) -> String {
          the ring was full (kernel tx_dropped: {tx_dropped}, {}). This kernel tail-drops when \
          the ring is full; with the tun/tap 'avoid tail-drop' series and a qdisc, those drops \
          become queue stops and NETDEV_TX_BUSY requeues (the busy, stops and wakes columns).",
-        row.xmit_calls,
-        row.consumed,
-        check(row.consumed, tx_packets),
-        row.dropped_full_ring,
-        check(row.dropped_full_ring, tx_dropped),
+        row.counters.xmit_calls,
+        row.counters.consumed,
+        check(row.counters.consumed, tx_packets),
+        row.counters.dropped_full_ring,
+        check(row.counters.dropped_full_ring, tx_dropped),
     )
 }

@@ -39,7 +39,7 @@ pub mod lab {
     pub use crate::discovery::{DeviceKind, Discovery, Filter};
     pub use crate::netlink::{QdiscStats, RootQdisc, Rtnl};
     pub use crate::netns::{NamedNetns, run_in};
-    pub use crate::report::{Report, Row};
+    pub use crate::report::{Report, Row, Value};
     pub use crate::slow_consumer::SlowConsumer;
     pub use crate::tap::{Tap, TapOptions};
     pub use crate::traffic::{

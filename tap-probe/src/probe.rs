@@ -284,7 +284,11 @@ impl Probe {
         let mut out = DeviceCounters::default();
         for index in slot.base..slot.base + slot.queues {
             let per_cpu = counters.get(&index, 0)?;
-            out.queues.push(sum(per_cpu.iter()));
+            let mut total = QueueCounters::default();
+            for cpu in per_cpu.iter() {
+                total += *cpu;
+            }
+            out.queues.push(total);
             let since = state.get(&index, 0)?;
             out.stopped_since.push((since != 0).then_some(since & !1));
         }
@@ -333,58 +337,5 @@ impl Probe {
         self.ebpf
             .map_mut(name)
             .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
-    }
-}
-
-fn sum<'a>(per_cpu: impl Iterator<Item = &'a QueueCounters>) -> QueueCounters {
-    per_cpu.fold(QueueCounters::default(), |mut a, c| {
-        a.xmit_calls += c.xmit_calls;
-        a.enqueued += c.enqueued;
-        a.busy += c.busy;
-        a.dropped_full_ring += c.dropped_full_ring;
-        a.dropped_other += c.dropped_other;
-        a.consumed += c.consumed;
-        a.queue_stops += c.queue_stops;
-        a.queue_wakes += c.queue_wakes;
-        a.stopped_ns += c.stopped_ns;
-        a.reader_sleeps += c.reader_sleeps;
-        a
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sum_adds_every_field() {
-        let one = QueueCounters {
-            xmit_calls: 1,
-            enqueued: 2,
-            busy: 3,
-            dropped_full_ring: 4,
-            dropped_other: 5,
-            consumed: 6,
-            queue_stops: 7,
-            queue_wakes: 8,
-            stopped_ns: 9,
-            reader_sleeps: 10,
-        };
-        let two = sum([one, one].iter());
-        assert_eq!(
-            two,
-            QueueCounters {
-                xmit_calls: 2,
-                enqueued: 4,
-                busy: 6,
-                dropped_full_ring: 8,
-                dropped_other: 10,
-                consumed: 12,
-                queue_stops: 14,
-                queue_wakes: 16,
-                stopped_ns: 18,
-                reader_sleeps: 20,
-            }
-        );
     }
 }

@@ -15,7 +15,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::report::{Report, Row};
+use tap_probe_common::{Kind, METRICS, Metric, Unit};
+
+use crate::report::{Report, Row, Value};
 
 /// A request head larger than this is refused: a scrape sends a few hundred bytes.
 const MAX_REQUEST: usize = 8 * 1024;
@@ -24,112 +26,28 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// One counter family: name (without the `tap_probe_` prefix), help, and its value in a row.
-struct Family {
-    name: &'static str,
-    kind: &'static str,
-    help: &'static str,
-    value: fn(&Row) -> f64,
-}
-
-#[expect(clippy::cast_precision_loss, reason = "Prometheus samples are floats")]
-const FAMILIES: &[Family] = &[
-    Family {
-        name: "xmit_calls_total",
-        kind: "counter",
-        help: "Calls into the driver's ndo_start_xmit.",
-        value: |r| r.xmit_calls as f64,
-    },
-    Family {
-        name: "enqueued_total",
-        kind: "counter",
-        help: "Packets the driver took into its ring.",
-        value: |r| r.enqueued as f64,
-    },
-    Family {
-        name: "busy_total",
-        kind: "counter",
-        help: "NETDEV_TX_BUSY returns (the packet goes back to the qdisc).",
-        value: |r| r.busy as f64,
-    },
-    Family {
-        name: "dropped_full_ring_total",
-        kind: "counter",
-        help: "Packets freed inside the driver because the ring was full (tail-drop).",
-        value: |r| r.dropped_full_ring as f64,
-    },
-    Family {
-        name: "dropped_other_total",
-        kind: "counter",
-        help: "Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
-        value: |r| r.dropped_other as f64,
-    },
-    Family {
-        name: "consumed_total",
-        kind: "counter",
-        help: "Packets the reader took out of the ring.",
-        value: |r| r.consumed as f64,
-    },
-    Family {
-        name: "queue_stops_total",
-        kind: "counter",
-        help: "Transitions of the queue to stopped (DRV_XOFF set).",
-        value: |r| r.queue_stops as f64,
-    },
-    Family {
-        name: "queue_wakes_total",
-        kind: "counter",
-        help: "Transitions of the queue to running (DRV_XOFF cleared).",
-        value: |r| r.queue_wakes as f64,
-    },
-    Family {
-        name: "stopped_seconds_total",
-        kind: "counter",
-        help: "Time the queue spent stopped, including a stop still running.",
-        value: |r| r.stopped_ns as f64 / 1e9,
-    },
-    Family {
-        name: "queue_stopped",
-        kind: "gauge",
-        help: "1 while the queue is stopped, as last observed.",
-        value: |r| f64::from(u8::from(r.stopped)),
-    },
-    Family {
-        name: "reader_sleeps_total",
-        kind: "counter",
-        help: "Times the queue's reader slept between two packets it took.",
-        value: |r| r.reader_sleeps as f64,
-    },
-    Family {
-        name: "kernel_tx_packets_total",
-        kind: "counter",
-        help: "The device's own tx_packets since tracking began (per device, on every queue).",
-        value: |r| r.kernel.tx_packets as f64,
-    },
-    Family {
-        name: "kernel_tx_dropped_total",
-        kind: "counter",
-        help: "The device's own tx_dropped since tracking began (per device, on every queue).",
-        value: |r| r.kernel.tx_dropped as f64,
-    },
-];
-
 /// The exposition text of `report`. Devices that disappeared are left out, so their series
 /// end with them.
 #[must_use]
 pub(crate) fn exposition(report: &Report) -> String {
     let rows: Vec<&Row> = report.rows.iter().filter(|r| !r.retired).collect();
     let mut out = String::new();
-    for family in FAMILIES {
-        let name = family.name;
-        let _ = writeln!(out, "# HELP tap_probe_{name} {}", family.help);
-        let _ = writeln!(out, "# TYPE tap_probe_{name} {}", family.kind);
+    for metric in METRICS {
+        let Some(name) = metric.prometheus else {
+            continue;
+        };
+        let kind = match metric.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge | Kind::Derived => "gauge",
+        };
+        let _ = writeln!(out, "# HELP tap_probe_{name} {}", metric.help);
+        let _ = writeln!(out, "# TYPE tap_probe_{name} {kind}");
         for row in &rows {
             let _ = writeln!(
                 out,
                 "tap_probe_{name}{{{}}} {}",
                 labels(row),
-                (family.value)(row)
+                sample(metric, row.value(metric))
             );
         }
     }
@@ -154,6 +72,17 @@ pub(crate) fn exposition(report: &Report) -> String {
         report.elapsed_s
     );
     out
+}
+
+/// A sample's value: seconds for times, 1 or 0 for flags.
+#[expect(clippy::cast_precision_loss, reason = "Prometheus samples are floats")]
+fn sample(metric: &Metric, value: Value) -> f64 {
+    match (value, metric.unit) {
+        (Value::Count(ns), Unit::Nanoseconds) => ns as f64 / 1e9,
+        (Value::Count(n), _) => n as f64,
+        (Value::Flag(flag), _) => f64::from(u8::from(flag)),
+        (Value::Ratio(ratio), _) => ratio.unwrap_or(f64::NAN),
+    }
 }
 
 fn labels(row: &Row) -> String {
@@ -332,6 +261,7 @@ mod tests {
     use super::*;
     use crate::discovery::DeviceKind;
     use crate::report::KernelDeltas;
+    use tap_probe_common::QueueCounters;
 
     fn row(name: &str, queue: u32) -> Row {
         Row {
@@ -341,19 +271,20 @@ mod tests {
             kind: DeviceKind::Tap,
             queue,
             owner: None,
-            xmit_calls: 10,
-            enqueued: 7,
-            busy: 1,
-            dropped_full_ring: 2,
-            dropped_other: 0,
-            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
-            consumed: 6,
-            queue_stops: 1,
-            queue_wakes: 1,
-            stopped_ns: 1_500_000_000,
+            counters: QueueCounters {
+                xmit_calls: 10,
+                enqueued: 7,
+                busy: 1,
+                dropped_full_ring: 2,
+                dropped_other: 0,
+                consumed: 6,
+                queue_stops: 1,
+                queue_wakes: 1,
+                stopped_ns: 1_500_000_000,
+                reader_sleeps: 4,
+            },
             stopped: true,
-            reader_sleeps: 4,
-            wakeups_per_packet: Some(4.0 / 6.0),
+            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
             kernel: KernelDeltas {
                 tx_packets: 6,
                 tx_dropped: 2,
@@ -376,8 +307,8 @@ mod tests {
         let mut gone = row("tap1", 0);
         gone.retired = true;
         let text = exposition(&report(vec![row("tap0", 0), row("tap0", 1), gone]));
-        for family in FAMILIES {
-            let name = format!("tap_probe_{}", family.name);
+        for name in METRICS.iter().filter_map(|m| m.prometheus) {
+            let name = format!("tap_probe_{name}");
             assert_eq!(
                 text.matches(&format!("# TYPE {name} ")).count(),
                 1,
@@ -412,6 +343,59 @@ mod tests {
                 "{expected} in:\n{text}"
             );
         }
+    }
+
+    /// The exposition as it has been since the families were introduced, byte for byte:
+    /// scrapers and dashboards depend on the names, the order does not hurt to keep.
+    #[test]
+    fn exposition_is_unchanged() {
+        const GOLDEN: &str = r#"# HELP tap_probe_xmit_calls_total Calls into the driver's ndo_start_xmit.
+# TYPE tap_probe_xmit_calls_total counter
+tap_probe_xmit_calls_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 10
+# HELP tap_probe_enqueued_total Packets the driver took into its ring.
+# TYPE tap_probe_enqueued_total counter
+tap_probe_enqueued_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 7
+# HELP tap_probe_busy_total NETDEV_TX_BUSY returns (the packet goes back to the qdisc).
+# TYPE tap_probe_busy_total counter
+tap_probe_busy_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_dropped_full_ring_total Packets freed inside the driver because the ring was full (tail-drop).
+# TYPE tap_probe_dropped_full_ring_total counter
+tap_probe_dropped_full_ring_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_dropped_other_total Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).
+# TYPE tap_probe_dropped_other_total counter
+tap_probe_dropped_other_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_consumed_total Packets the reader took out of the ring.
+# TYPE tap_probe_consumed_total counter
+tap_probe_consumed_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6
+# HELP tap_probe_queue_stops_total Transitions of the queue to stopped (DRV_XOFF set).
+# TYPE tap_probe_queue_stops_total counter
+tap_probe_queue_stops_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_queue_wakes_total Transitions of the queue to running (DRV_XOFF cleared).
+# TYPE tap_probe_queue_wakes_total counter
+tap_probe_queue_wakes_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_stopped_seconds_total Time the queue spent stopped, including a stop still running.
+# TYPE tap_probe_stopped_seconds_total counter
+tap_probe_stopped_seconds_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1.5
+# HELP tap_probe_queue_stopped 1 while the queue is stopped, as last observed.
+# TYPE tap_probe_queue_stopped gauge
+tap_probe_queue_stopped{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_reader_sleeps_total Times the queue's reader slept between two packets it took.
+# TYPE tap_probe_reader_sleeps_total counter
+tap_probe_reader_sleeps_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 4
+# HELP tap_probe_kernel_tx_packets_total The device's own tx_packets since tracking began (per device, on every queue).
+# TYPE tap_probe_kernel_tx_packets_total counter
+tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6
+# HELP tap_probe_kernel_tx_dropped_total The device's own tx_dropped since tracking began (per device, on every queue).
+# TYPE tap_probe_kernel_tx_dropped_total counter
+tap_probe_kernel_tx_dropped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop reason (other than a full ring).
+# TYPE tap_probe_drop_reason_total counter
+tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",reason="xmit_error"} 3
+# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.
+# TYPE tap_probe_elapsed_seconds gauge
+tap_probe_elapsed_seconds 2.5
+"#;
+        assert_eq!(exposition(&report(vec![row("tap0", 1)])), GOLDEN);
     }
 
     #[test]

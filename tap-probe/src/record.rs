@@ -354,18 +354,18 @@ fn summary(
 ) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
+    let counts: Vec<String> = EventKind::ALL
+        .iter()
+        .map(|&kind| {
+            let name = kind.counter().map_or("?", |m| m.name);
+            format!("{name} {}", t.count(kind))
+        })
+        .collect();
     let _ = writeln!(
         s,
-        "recorded {} events: enqueued {}, dropped (ring full) {}, busy {}, consumed {}, \
-         stops {}, wakes {}, dropped (other) {}; lost {}",
+        "recorded {} events: {}; lost {}",
         t.events,
-        t.count(EventKind::Enqueued),
-        t.count(EventKind::DroppedFullRing),
-        t.count(EventKind::Busy),
-        t.count(EventKind::Consumed),
-        t.count(EventKind::QueueStop),
-        t.count(EventKind::QueueWake),
-        t.count(EventKind::DroppedOther),
+        counts.join(", "),
         t.lost
     );
     for (d, (tx0, drop0)) in header.devices.iter().zip(baseline) {

@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 
 use crate::cli::Format;
-use crate::report::{Report, Row};
+use tap_probe_common::{METRICS, Metric, Source, Unit};
+
+use crate::report::{Report, Row, Value};
 use crate::table::{Align, Table};
 
 pub(crate) struct Output {
@@ -84,54 +86,28 @@ pub(crate) fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
     Ok(format!("{value}\n"))
 }
 
-const HEADER: [&str; 17] = [
-    "DEVICE",
-    "NETNS",
-    "KIND",
-    "Q",
-    "OWNER",
-    "XMIT",
-    "ENQUEUED",
-    "BUSY",
-    "FULL_RING",
-    "OTHER",
-    "CONSUMED",
-    "STOPS",
-    "WAKES",
-    "STOPPED",
-    "SLEEPS",
-    "K_TX_PKTS",
-    "K_TX_DROP",
-];
+/// The columns that name the row, before those of [`METRICS`].
+const LABELS: [&str; 5] = ["DEVICE", "NETNS", "KIND", "Q", "OWNER"];
 
-/// The table: totals, with per-second rates beside the packet counters when `previous` is
-/// given.
+/// The table: a column per metric that has one, notes for those that do not, and
+/// per-second rates beside the packet counters of the probes when `previous` is given.
 #[must_use]
-#[expect(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "rates and seconds for display"
-)]
 pub(crate) fn table(report: &Report, previous: Option<&Report>) -> String {
     let dt = previous
         .map(|p| report.elapsed_s - p.elapsed_s)
         .filter(|dt| *dt > 0.0);
-    let mut lines: Vec<Vec<String>> = vec![HEADER.iter().map(|s| (*s).to_owned()).collect()];
+    let mut header: Vec<String> = LABELS.map(str::to_owned).to_vec();
+    header.extend(METRICS.iter().filter_map(|m| m.column).map(str::to_owned));
+    let mut align = vec![Align::Left; LABELS.len()];
+    align.resize(header.len(), Align::Right);
+    let mut table = Table::new(&align);
+    table.row(header);
     for row in &report.rows {
         let before = previous.and_then(|p| {
             p.rows
                 .iter()
                 .find(|r| r.ifname == row.ifname && r.netns == row.netns && r.queue == row.queue)
         });
-        let rate = |now: u64, then: fn(&Row) -> u64| match (dt, before) {
-            (Some(dt), Some(b)) => format!(
-                "{} ({}/s)",
-                count(now),
-                count(((now.saturating_sub(then(b))) as f64 / dt).round() as u64)
-            ),
-            _ => count(now),
-        };
         let owner = row
             .owner
             .as_ref()
@@ -140,42 +116,63 @@ pub(crate) fn table(report: &Report, previous: Option<&Report>) -> String {
         if row.retired {
             name.push_str(" (gone)");
         }
-        lines.push(vec![
+        let mut cells = vec![
             name,
             row.netns.clone(),
             format!("{:?}", row.kind).to_lowercase(),
             row.queue.to_string(),
             owner,
-            rate(row.xmit_calls, |r| r.xmit_calls),
-            rate(row.enqueued, |r| r.enqueued),
-            rate(row.busy, |r| r.busy),
-            rate(row.dropped_full_ring, |r| r.dropped_full_ring),
-            rate(row.dropped_other, |r| r.dropped_other),
-            rate(row.consumed, |r| r.consumed),
-            count(row.queue_stops),
-            count(row.queue_wakes),
-            format!(
-                "{:.3}s{}",
-                row.stopped_ns as f64 / 1e9,
-                if row.stopped { "*" } else { "" }
-            ),
-            match row.wakeups_per_packet {
-                Some(per_packet) => format!("{} ({per_packet:.2}/pkt)", count(row.reader_sleeps)),
-                None => count(row.reader_sleeps),
-            },
-            count(row.kernel.tx_packets),
-            count(row.kernel.tx_dropped),
-        ]);
-    }
-    let mut align = [Align::Right; HEADER.len()];
-    align[..5].fill(Align::Left);
-    let mut table = Table::new(&align);
-    for line in lines {
-        table.row(line);
+        ];
+        for metric in METRICS {
+            let value = row.value(metric);
+            match (metric.column, cells.last_mut()) {
+                (None, Some(last)) => last.push_str(&note(metric, value)),
+                _ => cells.push(cell(metric, value, before.zip(dt))),
+            }
+        }
+        table.row(cells);
     }
     let mut out = table.render();
     footer(report, &mut out);
     out
+}
+
+/// A metric's own cell: a count (with its rate since `before`, `dt` seconds ago, for the
+/// probes' packet counters) or a time.
+#[expect(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "rates and seconds for display"
+)]
+fn cell(metric: &Metric, value: Value, before: Option<(&Row, f64)>) -> String {
+    match (value, metric.unit) {
+        (Value::Count(ns), Unit::Nanoseconds) => format!("{:.3}s", ns as f64 / 1e9),
+        (Value::Count(n), Unit::Packets) if matches!(metric.source, Source::Programs(_)) => {
+            match before.map(|(row, dt)| (row.value(metric), dt)) {
+                Some((Value::Count(then), dt)) => format!(
+                    "{} ({}/s)",
+                    count(n),
+                    count((n.saturating_sub(then) as f64 / dt).round() as u64)
+                ),
+                _ => count(n),
+            }
+        }
+        (Value::Count(n), _) => count(n),
+        (value, _) => note(metric, value).trim_start().to_owned(),
+    }
+}
+
+/// A metric shown beside the column before it: a mark for a flag that is set, a ratio in
+/// parentheses.
+fn note(metric: &Metric, value: Value) -> String {
+    match (value, metric.unit) {
+        (Value::Flag(true), _) => "*".to_owned(),
+        (Value::Ratio(Some(ratio)), Unit::PerPacket) => format!(" ({ratio:.2}/pkt)"),
+        (Value::Ratio(Some(ratio)), _) => format!(" ({ratio:.2})"),
+        (Value::Count(n), _) => format!(" ({})", count(n)),
+        (Value::Flag(false) | Value::Ratio(None), _) => String::new(),
+    }
 }
 
 /// Below the table: what it cannot show in columns, and where the counters come from.

@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tap_probe_common::{DROP_REASON_XMIT_ERROR, QueueCounters};
+use tap_probe_common::{
+    DROP_REASON_XMIT_ERROR, KernelStat, METRICS, Metric, QueueCounters, Source,
+};
 
 use crate::discovery::{Device, DeviceKind, Owner};
 use crate::probe::DeviceCounters;
 
 /// The kernel's own counters of a device, as deltas since tap-probe started tracking it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelDeltas {
     /// tun/tap count a packet here when the reader takes it (`tun_put_user`).
     pub tx_packets: u64,
@@ -18,7 +20,9 @@ pub struct KernelDeltas {
     pub tx_dropped: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// One device queue in one refresh. Its values are read through [`Row::value`], by the
+/// descriptors of [`METRICS`]; the outputs iterate those.
+#[derive(Clone, Debug)]
 pub struct Row {
     pub ifname: String,
     pub ifindex: u32,
@@ -26,29 +30,88 @@ pub struct Row {
     pub kind: DeviceKind,
     pub queue: u32,
     pub owner: Option<Owner>,
-    pub xmit_calls: u64,
-    pub enqueued: u64,
-    pub busy: u64,
-    pub dropped_full_ring: u64,
-    pub dropped_other: u64,
-    /// `dropped_other` by `enum skb_drop_reason` name (lower case, without the prefix).
-    pub drop_reasons: BTreeMap<String, u64>,
-    pub consumed: u64,
-    pub queue_stops: u64,
-    pub queue_wakes: u64,
-    /// Including the interval still running if the queue is stopped now.
-    pub stopped_ns: u64,
+    /// Cumulative since tracking began; `stopped_ns` includes a stop still running.
+    pub counters: QueueCounters,
     /// Whether the queue is stopped as last observed.
     pub stopped: bool,
-    /// Times the reader slept between two takes (see `QueueCounters::reader_sleeps`).
-    pub reader_sleeps: u64,
-    /// `reader_sleeps / consumed`: wake-ups per packet delivered; absent before any take.
-    pub wakeups_per_packet: Option<f64>,
+    /// `dropped_other` by `enum skb_drop_reason` name (lower case, without the prefix).
+    pub drop_reasons: BTreeMap<String, u64>,
     /// Per device: the same on every queue row of the device, since the kernel keeps no
     /// per-queue transmit statistics for these devices.
     pub kernel: KernelDeltas,
     /// The device disappeared; these are its last counters.
     pub retired: bool,
+}
+
+/// A value of a row, as its [`Metric`] describes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    Count(u64),
+    Flag(bool),
+    /// Undefined (`None`) before there is anything to divide by.
+    Ratio(Option<f64>),
+}
+
+impl Row {
+    /// The value `metric` describes.
+    #[must_use]
+    pub fn value(&self, metric: &Metric) -> Value {
+        match metric.source {
+            Source::Programs(get) => Value::Count(get(&self.counters)),
+            Source::Counters(compute) => Value::Ratio(compute(&self.counters)),
+            Source::QueueState => Value::Flag(self.stopped),
+            Source::Kernel(KernelStat::TxPackets) => Value::Count(self.kernel.tx_packets),
+            Source::Kernel(KernelStat::TxDropped) => Value::Count(self.kernel.tx_dropped),
+        }
+    }
+}
+
+impl Serialize for Row {
+    /// The labels, then every metric under its name (a dotted name nests), the drop reasons
+    /// and whether the device is gone.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde_json::{Map, Value as Json};
+        let mut row = Map::new();
+        let mut put = |name: &str, value: Json| match name.split_once('.') {
+            Some((outer, inner)) => {
+                if let Json::Object(nested) = row
+                    .entry(outer.to_owned())
+                    .or_insert_with(|| Json::Object(Map::new()))
+                {
+                    nested.insert(inner.to_owned(), value);
+                }
+            }
+            None => {
+                row.insert(name.to_owned(), value);
+            }
+        };
+        put("ifname", Json::from(self.ifname.clone()));
+        put("ifindex", Json::from(self.ifindex));
+        put("netns", Json::from(self.netns.clone()));
+        put(
+            "kind",
+            serde_json::to_value(self.kind).map_err(serde::ser::Error::custom)?,
+        );
+        put("queue", Json::from(self.queue));
+        put(
+            "owner",
+            serde_json::to_value(&self.owner).map_err(serde::ser::Error::custom)?,
+        );
+        for metric in METRICS {
+            let value = match self.value(metric) {
+                Value::Count(n) => Json::from(n),
+                Value::Flag(flag) => Json::from(flag),
+                Value::Ratio(ratio) => ratio.map_or(Json::Null, Json::from),
+            };
+            put(metric.name, value);
+        }
+        put(
+            "drop_reasons",
+            serde_json::to_value(&self.drop_reasons).map_err(serde::ser::Error::custom)?,
+        );
+        put("retired", Json::from(self.retired));
+        row.serialize(serializer)
+    }
 }
 
 /// Maps `enum skb_drop_reason` values to names.
@@ -96,18 +159,9 @@ pub(crate) fn device_rows(
                 .filter(|((q, _), _)| *q == queue)
                 .map(|((_, reason), n)| (names.name(*reason), *n))
                 .collect();
-            let QueueCounters {
-                xmit_calls,
-                enqueued,
-                busy,
-                dropped_full_ring,
-                dropped_other,
-                consumed,
-                queue_stops,
-                queue_wakes,
-                stopped_ns,
-                reader_sleeps,
-            } = *c;
+            let mut counters = *c;
+            // The programs add a stop's time when it ends; show the one running too.
+            counters.stopped_ns += since.map_or(0, |s| now_ns.saturating_sub(s));
             Row {
                 ifname: device.name.clone(),
                 ifindex: device.key.ifindex,
@@ -115,20 +169,9 @@ pub(crate) fn device_rows(
                 kind: device.kind,
                 queue,
                 owner: device.owners.first().cloned(),
-                xmit_calls,
-                enqueued,
-                busy,
-                dropped_full_ring,
-                dropped_other,
-                drop_reasons,
-                consumed,
-                queue_stops,
-                queue_wakes,
-                stopped_ns: stopped_ns + since.map_or(0, |s| now_ns.saturating_sub(s)),
+                counters,
                 stopped: since.is_some(),
-                reader_sleeps,
-                #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
-                wakeups_per_packet: (consumed > 0).then(|| reader_sleeps as f64 / consumed as f64),
+                drop_reasons,
                 kernel,
                 retired,
             }
@@ -147,4 +190,53 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) programs: Option<Vec<crate::probe::ProgramStats>>,
     pub rows: Vec<Row>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
+    #[test]
+    fn row_json_is_unchanged() {
+        const GOLDEN: &str = r#"{"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"ifindex":7,"ifname":"tap0","kernel":{"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"retired":false,"stopped":true,"stopped_ns":1500000000,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        let row = Row {
+            ifname: "tap0".to_owned(),
+            ifindex: 7,
+            netns: "ns".to_owned(),
+            kind: DeviceKind::Tap,
+            queue: 1,
+            owner: Some(Owner {
+                pid: 42,
+                comm: "qemu".to_owned(),
+            }),
+            counters: QueueCounters {
+                xmit_calls: 10,
+                enqueued: 7,
+                busy: 1,
+                dropped_full_ring: 2,
+                dropped_other: 0,
+                consumed: 6,
+                queue_stops: 1,
+                queue_wakes: 1,
+                stopped_ns: 1_500_000_000,
+                reader_sleeps: 4,
+            },
+            stopped: true,
+            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
+            kernel: KernelDeltas {
+                tx_packets: 6,
+                tx_dropped: 2,
+            },
+            retired: false,
+        };
+        let json = serde_json::to_value(&row).unwrap().to_string();
+        assert_eq!(json, GOLDEN);
+        let mut before = row.clone();
+        before.counters.consumed = 0;
+        assert_eq!(
+            serde_json::to_value(&before).unwrap()["wakeups_per_packet"],
+            serde_json::Value::Null
+        );
+    }
 }

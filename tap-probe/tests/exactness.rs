@@ -19,6 +19,10 @@ use tap_probe::lab::{RootQdisc, Rtnl};
 /// takes a few thousand per second, so most of these are tail-dropped on a stock kernel.
 const FRAMES: u64 = 20_000;
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "set-up, traffic and every identity, checked per backend"
+)]
 fn tap_with_slow_reader(qdisc: RootQdisc) {
     if common::skip_unless_root() {
         return;
@@ -73,43 +77,53 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
         let row = end.rows[0].clone();
         eprintln!("{backend:?} ({}):\n{row:#?}", end.sources);
         assert!(
-            row.dropped_full_ring > 0,
+            row.counters.dropped_full_ring > 0,
             "{backend:?}: the ring never filled: this run proves nothing"
         );
-        assert!(row.consumed > 0, "{backend:?}: the reader took nothing");
+        assert!(
+            row.counters.consumed > 0,
+            "{backend:?}: the reader took nothing"
+        );
         assert_eq!(
-            row.dropped_full_ring, row.kernel.tx_dropped,
+            row.counters.dropped_full_ring, row.kernel.tx_dropped,
             "{backend:?}: ring-full drops vs kernel tx_dropped"
         );
         assert_eq!(
-            row.consumed, row.kernel.tx_packets,
+            row.counters.consumed, row.kernel.tx_packets,
             "{backend:?}: consumed vs kernel tx_packets"
         );
         assert_eq!(
-            row.xmit_calls,
-            row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+            row.counters.xmit_calls,
+            row.counters.enqueued
+                + row.counters.busy
+                + row.counters.dropped_full_ring
+                + row.counters.dropped_other,
             "{backend:?}: every driver call ends enqueued, busy or dropped"
         );
         assert_eq!(
-            row.enqueued, row.consumed,
+            row.counters.enqueued, row.counters.consumed,
             "{backend:?}: after the drain the ring is empty"
         );
         assert_eq!(
-            row.busy, 0,
+            row.counters.busy, 0,
             "{backend:?}: a stock tun never returns NETDEV_TX_BUSY"
         );
-        assert_eq!(row.dropped_other, 0, "{backend:?}: {:?}", row.drop_reasons);
+        assert_eq!(
+            row.counters.dropped_other, 0,
+            "{backend:?}: {:?}",
+            row.drop_reasons
+        );
         match qdisc {
             // Without a qdisc every send is one driver call, and a ring-full drop is the
             // sender's ENOBUFS.
             RootQdisc::Noqueue => {
-                assert_eq!(row.xmit_calls, FRAMES, "{backend:?}");
+                assert_eq!(row.counters.xmit_calls, FRAMES, "{backend:?}");
                 assert_eq!(sent.sent + sent.enobufs, FRAMES);
-                assert_eq!(row.dropped_full_ring, sent.enobufs, "{backend:?}");
+                assert_eq!(row.counters.dropped_full_ring, sent.enobufs, "{backend:?}");
             }
             // With one, the qdisc counts what it handed the driver.
             _ => assert_eq!(
-                row.xmit_calls,
+                row.counters.xmit_calls,
                 qdisc_after.packets - qdisc_before.packets,
                 "{backend:?}"
             ),
@@ -213,10 +227,10 @@ fn reader_sleeps_match_the_readers_context_switches() {
     for (backend, w) in &mut watchers {
         let row = w.refresh().unwrap().rows[0].clone();
         eprintln!("{backend:?}: {row:#?}");
-        assert_eq!(row.consumed, reads, "{backend:?}");
-        assert_eq!(row.consumed, row.kernel.tx_packets, "{backend:?}");
+        assert_eq!(row.counters.consumed, reads, "{backend:?}");
+        assert_eq!(row.counters.consumed, row.kernel.tx_packets, "{backend:?}");
         assert_eq!(
-            row.reader_sleeps, switches,
+            row.counters.reader_sleeps, switches,
             "{backend:?}: reader sleeps vs the reader's voluntary context switches"
         );
         rows.push((*backend, row));

@@ -79,23 +79,26 @@ fn per_queue_consumed_matches_each_readers_count() {
         for (q, row) in rows.iter().enumerate() {
             assert_eq!(row.queue as usize, q);
             assert_eq!(
-                row.consumed,
+                row.counters.consumed,
                 reads[q] + drained[q],
                 "{backend:?}: queue {q}"
             );
             assert_eq!(
-                row.xmit_calls,
-                row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+                row.counters.xmit_calls,
+                row.counters.enqueued
+                    + row.counters.busy
+                    + row.counters.dropped_full_ring
+                    + row.counters.dropped_other,
                 "{backend:?}: queue {q}"
             );
         }
-        let consumed: u64 = rows.iter().map(|r| r.consumed).sum();
+        let consumed: u64 = rows.iter().map(|r| r.counters.consumed).sum();
         assert_eq!(
             consumed, rows[0].kernel.tx_packets,
             "{backend:?}: per-device kernel count"
         );
         assert_eq!(
-            rows.iter().map(|r| r.xmit_calls).sum::<u64>(),
+            rows.iter().map(|r| r.counters.xmit_calls).sum::<u64>(),
             FRAMES,
             "{backend:?}"
         );
