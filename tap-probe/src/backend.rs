@@ -17,6 +17,9 @@ use anyhow::{Context as _, anyhow, bail};
 use aya::Ebpf;
 use aya::programs::{KProbe, RawTracePoint};
 use serde::Serialize;
+
+use crate::kallsyms::Kallsyms;
+use crate::kernel::KernelInfo;
 use tap_probe_common::{
     PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT,
     PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
@@ -67,14 +70,12 @@ impl std::fmt::Display for Sources {
 /// Loads and attaches the programs `backend` calls for; on error nothing stays attached
 /// once `ebpf` is dropped.
 ///
-/// `consume_location`: whether this kernel's `consume_skb` tracepoint has its `location`.
-///
 /// # Errors
 /// When a forced backend cannot attach, or no source at all works for a counter.
 pub(crate) fn attach(
     ebpf: &mut Ebpf,
     backend: Backend,
-    consume_location: bool,
+    kernel: &KernelInfo,
 ) -> anyhow::Result<Sources> {
     if backend == Backend::Fentry {
         bail!("{FENTRY_UNAVAILABLE}");
@@ -88,7 +89,7 @@ pub(crate) fn attach(
     attach_raw(ebpf, PROG_KFREE_SKB)?;
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
 
-    let xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf)) {
+    let xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf, &kernel.kallsyms)) {
         Some(Ok(functions)) => format!("kprobe+kretprobe {}", functions.join(", ")),
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
@@ -109,7 +110,7 @@ pub(crate) fn attach(
             if let Some(Err(err)) = failed {
                 notes.push(format!("consume kprobe: {err:#}"));
             }
-            if !consume_location {
+            if !kernel.consume_has_location {
                 bail!(
                     "nothing can count reader takes here: kprobes do not attach and the \
                      consume_skb tracepoint has no location argument (Linux < 6.3)"
@@ -144,13 +145,13 @@ fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Resu
 
 /// Probes the return, then the entry, of every driver transmit function present; the
 /// returns first so that every recorded entry meets its return.
-fn attach_xmit_kprobes(ebpf: &mut Ebpf) -> anyhow::Result<Vec<&'static str>> {
+fn attach_xmit_kprobes(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<Vec<&'static str>> {
     if !std::path::Path::new(KPROBE_PMU).exists() {
         bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)");
     }
     let present: Vec<&str> = XMIT_FUNCTIONS
         .into_iter()
-        .filter(|f| crate::kallsyms::has_symbol(f).unwrap_or(false))
+        .filter(|f| kallsyms.has(f))
         .collect();
     if !present.contains(&"tun_net_xmit") {
         bail!("tun_net_xmit is not in /proc/kallsyms: is the tun module loaded? (modprobe tun)");

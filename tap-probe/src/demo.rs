@@ -5,8 +5,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 
+use crate::backend::Backend;
 use crate::cli::Format;
 use crate::discovery::Filter;
+use crate::kernel::KernelInfo;
 use crate::load::{LoadSession, QdiscArg, SessionConfig};
 use crate::render;
 use crate::report::Row;
@@ -51,10 +53,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     let mut session = LoadSession::start(&session_cfg, stop.flag())?;
     let device = session.device().clone();
-    let mut watcher = Watcher::new(&Filter {
+    let filter = Filter {
         globs: vec![device.name.clone()],
         netns: Some(device.netns_name.clone()),
-    })?;
+    };
+    let mut watcher = Watcher::with_backend(&KernelInfo::load()?, &filter, Backend::Auto)?;
     let out = render::Output::new(args.format);
     if args.format == Format::Table {
         eprintln!(

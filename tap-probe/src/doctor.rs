@@ -7,11 +7,12 @@ use std::fmt::Write as _;
 use anyhow::{Result, anyhow};
 use aya::programs::{BtfTracePoint, FEntry, KProbe, Program, RawTracePoint, TracePoint};
 use serde::Serialize;
-use tap_probe_common::{GLOBAL_KERNEL, KernelFacts, MAX_READER_RANGES, TextRange};
+use tap_probe_common::{GLOBAL_KERNEL, KernelFacts};
 
 use crate::backend::Sources;
 use crate::cli::Format;
 use crate::kallsyms::Kallsyms;
+use crate::kernel::KernelInfo;
 use crate::probe::Probe;
 use crate::table::Table;
 use crate::{btf, kallsyms, privileges};
@@ -278,27 +279,29 @@ fn collect() -> Report {
     };
 
     let syms = Kallsyms::read();
-    let (kallsyms_check, functions, named_ranges) = match &syms {
+    let (kallsyms_check, functions) = match &syms {
         Ok(syms) => (
             Check::ok(kallsyms::KALLSYMS),
             FUNCTIONS.iter().map(|name| function(syms, name)).collect(),
-            syms.reader_ranges(),
         ),
-        Err(err) => (Check::failed(err), Vec::new(), Vec::new()),
+        Err(err) => (Check::failed(err), Vec::new()),
     };
 
-    let facts = vmlinux
+    // Built as `watch` builds it, from the BTF and kallsyms read above; without kallsyms
+    // the facts still come from BTF, with no reader ranges.
+    let kernel = vmlinux
         .as_ref()
         .map_err(|e| anyhow!("{e:#}"))
-        .and_then(btf::kernel_facts);
-    let kernel_facts = match &facts {
+        .and_then(|btf| KernelInfo::from_parts(btf, syms.unwrap_or_default()));
+    let kernel_facts = match &kernel {
         Ok(_) => Check::ok("read from BTF"),
         Err(err) => Check::failed(err),
     };
-    let mut facts = facts.ok();
-    if let Some(facts) = &mut facts {
-        set_reader_ranges(facts, named_ranges.iter().map(|r| r.range));
-    }
+    let facts = kernel.as_ref().ok().map(|k| k.facts);
+    let named_ranges = kernel
+        .as_ref()
+        .map(|k| k.reader_ranges.clone())
+        .unwrap_or_default();
 
     let tracepoints = TRACEPOINTS
         .iter()
@@ -307,14 +310,14 @@ fn collect() -> Report {
 
     let (ebpf_object, attach) = attach_trials(tap_probe_ebpf_object(), facts.as_ref());
     // Tried, not guessed: the same selection `watch` makes.
-    let backend = match &facts {
-        Some(facts) => match Probe::attach_backend(facts, crate::backend::Backend::Auto, false) {
+    let backend = match &kernel {
+        Ok(kernel) => match Probe::attach_backend(kernel, crate::backend::Backend::Auto, false) {
             Ok(probe) => Backend::Sources(probe.sources().clone()),
             Err(err) => Backend::Failed {
                 error: format!("{err:#}"),
             },
         },
-        None => Backend::Failed {
+        Err(_) => Backend::Failed {
             error: "no kernel facts".to_owned(),
         },
     };
@@ -377,16 +380,6 @@ fn attach_trials(object: &[u8], facts: Option<&KernelFacts>) -> (Check, Vec<Tria
 /// The object bytes; a seam so the skipped path is what an `AYA_BUILD_SKIP` build shows.
 fn tap_probe_ebpf_object() -> &'static [u8] {
     crate::ebpf_object()
-}
-
-fn set_reader_ranges(facts: &mut KernelFacts, ranges: impl Iterator<Item = TextRange>) {
-    let mut count = 0;
-    for (slot, range) in facts.reader_ranges.iter_mut().zip(ranges) {
-        *slot = range;
-        count += 1;
-    }
-    debug_assert!(count <= MAX_READER_RANGES);
-    facts.reader_range_count = u32::try_from(count).unwrap_or(0);
 }
 
 fn function(syms: &Kallsyms, name: &'static str) -> Function {

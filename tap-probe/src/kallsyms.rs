@@ -190,28 +190,6 @@ impl Kallsyms {
     }
 }
 
-/// The text ranges of the functions in which the tun/tap read path calls `consume_skb` after
-/// copying a packet to the reader (see the module documentation). Empty when neither tun nor
-/// tap is in the kernel (e.g. their modules are not loaded yet).
-///
-/// # Errors
-/// When `/proc/kallsyms` cannot be read or hides addresses.
-pub(crate) fn reader_ranges() -> Result<Vec<TextRange>> {
-    Ok(Kallsyms::read()?
-        .reader_ranges()
-        .into_iter()
-        .map(|r| r.range)
-        .collect())
-}
-
-/// Whether the running kernel has a text symbol called exactly `name`.
-///
-/// # Errors
-/// When `/proc/kallsyms` cannot be read or hides addresses.
-pub(crate) fn has_symbol(name: &str) -> Result<bool> {
-    Ok(Kallsyms::read()?.has(name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

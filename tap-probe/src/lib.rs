@@ -10,6 +10,7 @@ mod demo;
 mod discovery;
 mod doctor;
 mod kallsyms;
+mod kernel;
 mod load;
 mod netlink;
 mod netns;
@@ -37,6 +38,7 @@ pub use cli::main;
 pub mod lab {
     pub use crate::backend::Backend;
     pub use crate::discovery::{DeviceKind, Discovery, Filter};
+    pub use crate::kernel::KernelInfo;
     pub use crate::netlink::{QdiscStats, RootQdisc, Rtnl};
     pub use crate::netns::{NamedNetns, run_in};
     pub use crate::report::{Report, Row, Value};

@@ -15,42 +15,12 @@ use aya::{
 };
 
 use crate::backend::{Backend, Sources};
+use crate::kernel::KernelInfo;
 use tap_probe_common::{
-    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, KernelFacts, MAP_COUNTERS,
-    MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE,
-    MAP_READERS, MAX_QUEUE_SLOTS, PROG_CONSUME_SKB, QueueCounters, ReaderState,
+    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS, MAP_DEVICES,
+    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE, MAP_READERS,
+    MAX_QUEUE_SLOTS, QueueCounters, ReaderState,
 };
-
-/// The kernel facts the programs need, from BTF and kallsyms.
-///
-/// # Errors
-/// When BTF or kallsyms lack something the programs rely on.
-pub(crate) fn kernel_facts() -> anyhow::Result<KernelFacts> {
-    let btf = crate::btf::load_vmlinux()?;
-    let mut facts = crate::btf::kernel_facts(&btf)?;
-    let ranges = crate::kallsyms::reader_ranges()?;
-    if ranges.is_empty() {
-        bail!(
-            "found none of the tun/tap read functions (tun_do_read, tap_do_read, ...) in \
-             /proc/kallsyms: is the tun module loaded? (modprobe tun)"
-        );
-    }
-    for (slot, range) in facts.reader_ranges.iter_mut().zip(&ranges) {
-        *slot = *range;
-    }
-    facts.reader_range_count = u32::try_from(ranges.len().min(facts.reader_ranges.len()))?;
-    Ok(facts)
-}
-
-/// Whether the `consume_skb` tracepoint carries its caller's address (Linux 6.3+); without
-/// it a reader's take cannot be told from any other free at that tracepoint.
-///
-/// # Errors
-/// When BTF cannot be read.
-pub(crate) fn consume_has_location() -> anyhow::Result<bool> {
-    let btf = crate::btf::load_vmlinux()?;
-    Ok(crate::btf::tracepoint_args(&btf, PROG_CONSUME_SKB.1)?.len() >= 2)
-}
 
 /// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
 /// as the returned descriptor is open; it costs two clock reads per program run.
@@ -100,8 +70,8 @@ impl Probe {
     ///
     /// # Errors
     /// As [`Probe::attach_backend`].
-    pub(crate) fn attach_recording(facts: &KernelFacts) -> anyhow::Result<Self> {
-        Self::attach_backend(facts, Backend::Auto, true)
+    pub(crate) fn attach_recording(kernel: &KernelInfo) -> anyhow::Result<Self> {
+        Self::attach_backend(kernel, Backend::Auto, true)
     }
 
     /// Loads the object and attaches the sources `backend` calls for (see
@@ -111,7 +81,7 @@ impl Probe {
     /// When the kernel refuses to load or attach a program (nothing stays attached then), or
     /// a forced backend is not available here.
     pub(crate) fn attach_backend(
-        facts: &KernelFacts,
+        kernel: &KernelInfo,
         backend: Backend,
         record: bool,
     ) -> anyhow::Result<Self> {
@@ -121,11 +91,11 @@ impl Probe {
             bail!("this tap-probe was built with AYA_BUILD_SKIP: it carries no eBPF programs");
         }
         let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_KERNEL, facts, true)
+            .override_global(GLOBAL_KERNEL, &kernel.facts, true)
             .override_global(GLOBAL_RECORD_EVENTS, &u32::from(record), true)
             .load(object)
             .context("loading the eBPF object")?;
-        let sources = crate::backend::attach(&mut ebpf, backend, consume_has_location()?)?;
+        let sources = crate::backend::attach(&mut ebpf, backend, kernel)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,

@@ -18,6 +18,7 @@ use anyhow::{Context as _, bail};
 use tap_probe_common::{DeviceKey, EventKind, TraceEvent};
 
 use crate::discovery::Discovery;
+use crate::kernel::KernelInfo;
 use crate::probe::Probe;
 use crate::signals::Stop;
 use crate::trace_file::{DeviceInfo, Event, Header, TraceWriter, Trailer};
@@ -244,8 +245,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     // Attach before waiting: attaching is the slow part (BTF), so a device that appears
     // later is tracked within one poll, before its first packet in the usual case.
-    let facts = crate::probe::kernel_facts()?;
-    let mut probe = Probe::attach_recording(&facts)?;
+    let kernel = KernelInfo::load()?;
+    let mut probe = Probe::attach_recording(&kernel)?;
     if devices.is_empty() {
         eprintln!("attached; waiting for a device that matches the filter");
         while devices.is_empty() {
@@ -256,9 +257,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     let header = Header {
-        kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default(),
+        kernel_release: kernel.release.clone(),
         backend: "tracepoint".to_owned(),
         start_ns: monotonic_ns(),
         devices: devices

@@ -4,11 +4,10 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tap_probe_common::{
-    DROP_REASON_XMIT_ERROR, KernelStat, METRICS, Metric, QueueCounters, Source,
-};
+use tap_probe_common::{KernelStat, METRICS, Metric, QueueCounters, Source};
 
 use crate::discovery::{Device, DeviceKind, Owner};
+use crate::kernel::ReasonNames;
 use crate::probe::DeviceCounters;
 
 /// The kernel's own counters of a device, as deltas since tap-probe started tracking it.
@@ -111,23 +110,6 @@ impl Serialize for Row {
         );
         put("retired", Json::from(self.retired));
         row.serialize(serializer)
-    }
-}
-
-/// Maps `enum skb_drop_reason` values to names.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ReasonNames(pub(crate) BTreeMap<u32, String>);
-
-impl ReasonNames {
-    #[must_use]
-    pub(crate) fn name(&self, reason: u32) -> String {
-        if reason == DROP_REASON_XMIT_ERROR {
-            return "xmit_error".to_owned();
-        }
-        self.0
-            .get(&reason)
-            .cloned()
-            .unwrap_or_else(|| format!("reason_{reason}"))
     }
 }
 

@@ -10,9 +10,10 @@ use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE};
 use crate::backend::Backend;
 use crate::cli::Format;
 use crate::discovery::{Device, Discovery, Filter};
+use crate::kernel::{KernelInfo, ReasonNames};
 use crate::probe::Probe;
 use crate::render;
-use crate::report::{KernelDeltas, ReasonNames, Report, device_rows};
+use crate::report::{KernelDeltas, Report, device_rows};
 use crate::signals::Stop;
 
 #[derive(Debug, clap::Args)]
@@ -64,7 +65,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .program_stats
         .then(crate::probe::enable_run_stats)
         .transpose()?;
-    let mut watcher = Watcher::with_backend(&filter, args.backend)?;
+    let kernel = KernelInfo::load()?;
+    let mut watcher = Watcher::with_backend(&kernel, &filter, args.backend)?;
     log::info!("sources: {}", watcher.sources());
     let first = watcher.refresh()?;
     if first.rows.is_empty() && !args.wait {
@@ -128,28 +130,21 @@ struct Tracked {
 }
 
 impl Watcher {
-    /// Attaches the probes.
-    ///
-    /// # Errors
-    /// When kernel facts cannot be read or the programs cannot be attached.
-    pub fn new(filter: &Filter) -> anyhow::Result<Self> {
-        Self::with_backend(filter, Backend::Auto)
-    }
-
     /// Attaches the probes of `backend`.
     ///
     /// # Errors
-    /// As [`Watcher::new`], and when a forced backend is not available.
-    pub fn with_backend(filter: &Filter, backend: Backend) -> anyhow::Result<Self> {
-        let btf = crate::btf::load_vmlinux()?;
-        let names = ReasonNames(crate::btf::drop_reason_names(&btf)?);
-        let facts = crate::probe::kernel_facts()?;
+    /// When the programs cannot be attached, or a forced backend is not available.
+    pub fn with_backend(
+        kernel: &KernelInfo,
+        filter: &Filter,
+        backend: Backend,
+    ) -> anyhow::Result<Self> {
         let discovery = Discovery::new(filter)?;
-        let probe = Probe::attach_backend(&facts, backend, false)?;
+        let probe = Probe::attach_backend(kernel, backend, false)?;
         Ok(Self {
             probe,
             discovery,
-            names,
+            names: kernel.drop_reasons.clone(),
             started: Instant::now(),
             devices: HashMap::new(),
         })

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use tap_probe::lab::RootQdisc;
-use tap_probe::lab::Watcher;
+use tap_probe::lab::{Backend, KernelInfo, Watcher};
 use tap_probe::lab::{DeviceKind, Filter};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
@@ -24,11 +24,12 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
     }
     let ns = common::quiet_netns("disc").unwrap();
     let tap = common::tap_in(&ns, "tpd0", RootQdisc::PfifoFast).unwrap();
-    let mut watcher = Watcher::new(&Filter {
+    let filter = Filter {
         globs: vec!["tpd*".to_owned()],
         netns: Some(ns.name().to_owned()),
-    })
-    .unwrap();
+    };
+    let kernel = KernelInfo::load().unwrap();
+    let mut watcher = Watcher::with_backend(&kernel, &filter, Backend::Auto).unwrap();
     let report = watcher.refresh().unwrap();
     assert_eq!(report.rows.len(), 1, "{:?}", report.rows);
     let row = &report.rows[0];

@@ -63,9 +63,10 @@ pub(crate) fn watchers(
     filter: &tap_probe::lab::Filter,
 ) -> Vec<(tap_probe::lab::Backend, tap_probe::lab::Watcher)> {
     use tap_probe::lab::Backend;
+    let kernel = tap_probe::lab::KernelInfo::load().expect("the kernel's facts");
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe::lab::Watcher::with_backend(filter, backend) {
+        match tap_probe::lab::Watcher::with_backend(&kernel, filter, backend) {
             Ok(w) => all.push((backend, w)),
             Err(err) => eprintln!("skipping backend {backend:?} - {err:#}"),
         }
