@@ -31,8 +31,7 @@ const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
 /// Drivers whose transmit function the kprobe backend probes, when the kernel has them.
 const XMIT_FUNCTIONS: [&str; 3] = ["tun_net_xmit", "veth_xmit", "macvlan_start_xmit"];
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
     /// fentry, then kprobe, then tracepoints, counter by counter.
     #[default]
@@ -46,24 +45,110 @@ const FENTRY_UNAVAILABLE: &str = "the fentry backend is not available: tun is a 
      on most distributions, and aya 0.14 can load fentry programs only against vmlinux's BTF; \
      use --backend kprobe or tracepoint";
 
-/// What feeds each group of counters, for `doctor`, `watch` and the JSON output.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+/// What feeds each group of counters, for `doctor`, `watch`, the JSON output and the
+/// trace header. Drops and the queue state have one source on every backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sources {
-    pub xmit: String,
-    pub drops: String,
-    pub consumed: String,
-    pub queue_state: String,
+    /// Driver calls: `xmit_calls`, `enqueued`, `busy`, and the bracket that ties a drop to
+    /// the driver call in flight.
+    pub(crate) xmit: Xmit,
+    /// Reader takes: `consumed`, `reader_sleeps`.
+    pub(crate) consumed: Consume,
     /// Why a preferred source was not used.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
+}
+
+/// Where driver calls are seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Xmit {
+    /// A kprobe and a kretprobe on each of these drivers' `ndo_start_xmit`.
+    Kprobes(Vec<&'static str>),
+    /// The `net:net_dev_start_xmit` and `net:net_dev_xmit` tracepoints.
+    Tracepoints,
+}
+
+/// Where reader takes are seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Consume {
+    /// A kprobe on `consume_skb` that reads its caller's address from the stack.
+    Kprobe,
+    /// The `skb:consume_skb` tracepoint and its `location` argument.
+    Tracepoint,
+}
+
+/// Drops: the only source of the drop reason.
+const DROPS: &str = "tracepoint skb:kfree_skb";
+/// The queue state: read where it changes or shows.
+const QUEUE_STATE: &str = "after each driver call, and tracepoint qdisc:qdisc_dequeue";
+
+impl std::fmt::Display for Xmit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Kprobes(functions) => write!(f, "kprobe+kretprobe {}", functions.join(", ")),
+            Self::Tracepoints => {
+                f.write_str("tracepoints net:net_dev_start_xmit, net:net_dev_xmit")
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Consume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Kprobe => "kprobe consume_skb (caller address)",
+            Self::Tracepoint => "tracepoint skb:consume_skb (location)",
+        })
+    }
+}
+
+impl Sources {
+    /// The kind of hook behind each group of counters, in a few words: the trace header's
+    /// record of what produced the events.
+    #[must_use]
+    pub(crate) fn hooks(&self) -> String {
+        let xmit = match self.xmit {
+            Xmit::Kprobes(_) => "kprobe",
+            Xmit::Tracepoints => "tracepoint",
+        };
+        let consumed = match self.consumed {
+            Consume::Kprobe => "kprobe",
+            Consume::Tracepoint => "tracepoint",
+        };
+        format!("xmit={xmit}, consumed={consumed}, drops=tracepoint, queue_state=tracepoint")
+    }
+
+    /// Each group of counters and its source, in the order the JSON has them.
+    #[must_use]
+    pub(crate) fn groups(&self) -> [(&'static str, String); 4] {
+        [
+            ("xmit", self.xmit.to_string()),
+            ("drops", DROPS.to_owned()),
+            ("consumed", self.consumed.to_string()),
+            ("queue_state", QUEUE_STATE.to_owned()),
+        ]
+    }
 }
 
 impl std::fmt::Display for Sources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "xmit: {}; drops: {}; consumed: {}; queue state: {}",
-            self.xmit, self.drops, self.consumed, self.queue_state
+            "xmit: {}; drops: {DROPS}; consumed: {}; queue state: {QUEUE_STATE}",
+            self.xmit, self.consumed
         )
+    }
+}
+
+impl Serialize for Sources {
+    /// Each group's source as text, then the notes.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut st = serializer.serialize_struct("Sources", 5)?;
+        for (group, source) in self.groups() {
+            st.serialize_field(group, &source)?;
+        }
+        st.serialize_field("notes", &self.notes)?;
+        st.end()
     }
 }
 
@@ -90,7 +175,7 @@ pub(crate) fn attach(
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
 
     let xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf, &kernel.kallsyms)) {
-        Some(Ok(functions)) => format!("kprobe+kretprobe {}", functions.join(", ")),
+        Some(Ok(functions)) => Xmit::Kprobes(functions),
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
             if let Some(Err(err)) = failed {
@@ -98,13 +183,13 @@ pub(crate) fn attach(
             }
             attach_raw(ebpf, PROG_XMIT)?;
             attach_raw(ebpf, PROG_START_XMIT)?;
-            "tracepoints net:net_dev_start_xmit, net:net_dev_xmit".to_owned()
+            Xmit::Tracepoints
         }
     };
 
     let consume_kprobe = || attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
     let consumed = match kprobes.then(consume_kprobe) {
-        Some(Ok(())) => "kprobe consume_skb (caller address)".to_owned(),
+        Some(Ok(())) => Consume::Kprobe,
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
             if let Some(Err(err)) = failed {
@@ -117,14 +202,12 @@ pub(crate) fn attach(
                 );
             }
             attach_raw(ebpf, PROG_CONSUME_SKB)?;
-            "tracepoint skb:consume_skb (location)".to_owned()
+            Consume::Tracepoint
         }
     };
     Ok(Sources {
         xmit,
-        drops: "tracepoint skb:kfree_skb".to_owned(),
         consumed,
-        queue_state: "after each driver call, and tracepoint qdisc:qdisc_dequeue".to_owned(),
         notes,
     })
 }
@@ -183,4 +266,26 @@ fn attach_kprobe(ebpf: &mut Ebpf, name: &str, function: &str, ret: bool) -> anyh
         return Err(err).with_context(|| format!("attaching a {kind} to {function}"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_read_as_before_and_name_their_hooks() {
+        let sources = Sources {
+            xmit: Xmit::Kprobes(vec!["tun_net_xmit", "veth_xmit"]),
+            consumed: Consume::Tracepoint,
+            notes: vec!["fentry: no".to_owned()],
+        };
+        assert_eq!(
+            serde_json::to_string(&sources).unwrap(),
+            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","notes":["fentry: no"]}"#
+        );
+        assert_eq!(
+            sources.hooks(),
+            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint"
+        );
+    }
 }

@@ -592,15 +592,11 @@ fn render_table(r: &Report) -> String {
     match &r.backend {
         Backend::Sources(sources) => {
             let _ = writeln!(out, "\nwatch --backend auto attaches:");
-            let rows = [
-                ("driver calls", &sources.xmit),
-                ("drops", &sources.drops),
-                ("reader takes", &sources.consumed),
-                ("queue state", &sources.queue_state),
-            ];
-            let rows: Vec<Vec<String>> = rows
+            let what = ["driver calls", "drops", "reader takes", "queue state"];
+            let rows: Vec<Vec<String>> = what
                 .iter()
-                .map(|(what, src)| vec![(*what).to_owned(), (*src).clone()])
+                .zip(sources.groups())
+                .map(|(what, (_, source))| vec![(*what).to_owned(), source])
                 .collect();
             columns(&mut out, "  ", &rows);
             for note in &sources.notes {

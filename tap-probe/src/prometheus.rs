@@ -296,7 +296,11 @@ mod tests {
     fn report(rows: Vec<Row>) -> Report {
         Report {
             elapsed_s: 2.5,
-            sources: crate::backend::Sources::default(),
+            sources: crate::backend::Sources {
+                xmit: crate::backend::Xmit::Tracepoints,
+                consumed: crate::backend::Consume::Tracepoint,
+                notes: Vec::new(),
+            },
             programs: None,
             rows,
         }

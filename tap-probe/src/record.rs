@@ -258,7 +258,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let header = Header {
         kernel_release: kernel.release.clone(),
-        backend: "tracepoint".to_owned(),
+        backend: probe.sources().hooks(),
         start_ns: monotonic_ns(),
         devices: devices
             .iter()
