@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::os::netlink::RootQdisc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "tap-probe",
@@ -20,18 +22,18 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Attach to the running host and show per-device, per-queue transmit counters.
-    Watch(crate::watch::Args),
+    Watch(crate::cmd::watch::Args),
     /// Run a self-contained demonstration in a private network namespace.
-    Demo(crate::demo::Args),
+    Demo(crate::cmd::demo::Args),
     /// Report what this kernel allows and which probe backend would be used.
-    Doctor(crate::doctor::Args),
+    Doctor(crate::cmd::doctor::Args),
     /// Drive bounded traffic through a fresh tap in a private namespace and report rates.
-    Load(crate::load::Args),
+    Load(crate::cmd::load::Args),
     /// Record per-packet transmit events of tun/tap devices to a trace file.
-    Record(crate::record::Args),
+    Record(crate::cmd::record::Args),
     /// Replay a trace (or a synthetic workload) under each queue policy: what would the
     /// patched kernel have done?
-    Replay(crate::replay_cmd::Args),
+    Replay(crate::cmd::replay::Args),
 }
 
 /// The whole program: logging to stderr (`RUST_LOG`, warnings by default), the command
@@ -57,12 +59,12 @@ pub fn main() -> std::process::ExitCode {
 /// Whatever the subcommand reports.
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Watch(args) => crate::watch::run(&args),
-        Command::Demo(args) => crate::demo::run(&args),
-        Command::Doctor(args) => crate::doctor::run(&args),
-        Command::Load(args) => crate::load::run(&args),
-        Command::Record(args) => crate::record::run(&args),
-        Command::Replay(args) => crate::replay_cmd::run(&args),
+        Command::Watch(args) => crate::cmd::watch::run(&args),
+        Command::Demo(args) => crate::cmd::demo::run(&args),
+        Command::Doctor(args) => crate::cmd::doctor::run(&args),
+        Command::Load(args) => crate::cmd::load::run(&args),
+        Command::Record(args) => crate::cmd::record::run(&args),
+        Command::Replay(args) => crate::cmd::replay::run(&args),
     }
 }
 
@@ -91,10 +93,28 @@ pub(crate) struct DeviceArgs {
 
 impl DeviceArgs {
     #[must_use]
-    pub(crate) fn filter(&self) -> crate::discovery::Filter {
-        crate::discovery::Filter {
+    pub(crate) fn filter(&self) -> crate::host::discovery::Filter {
+        crate::host::discovery::Filter {
             globs: self.devs.clone(),
             netns: self.netns.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum QdiscArg {
+    Noqueue,
+    PfifoFast,
+    Pfifo,
+}
+
+impl From<QdiscArg> for RootQdisc {
+    fn from(q: QdiscArg) -> Self {
+        match q {
+            QdiscArg::Noqueue => Self::Noqueue,
+            QdiscArg::PfifoFast => Self::PfifoFast,
+            QdiscArg::Pfifo => Self::Pfifo { limit: None },
         }
     }
 }

@@ -2,13 +2,17 @@
 //! needs it: struct offsets and enum values from BTF, kernel text addresses from kallsyms,
 //! and the names of the drop reasons.
 
+pub(crate) mod btf;
+pub(crate) mod kallsyms;
+pub(crate) mod privileges;
+
 use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 use btf_rs::Btf;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, KernelFacts, PROG_CONSUME_SKB};
 
-use crate::kallsyms::{Kallsyms, NamedRange};
+use crate::kernel::kallsyms::{Kallsyms, NamedRange};
 
 /// The kernel's facts, from one parse of its BTF and one read of kallsyms.
 #[derive(Debug)]
@@ -34,7 +38,7 @@ impl KernelInfo {
     /// # Errors
     /// When BTF or kallsyms cannot be read or lack something the programs rely on.
     pub fn load() -> Result<Self> {
-        let btf = crate::btf::load_vmlinux()?;
+        let btf = crate::kernel::btf::load_vmlinux()?;
         let info = Self::from_parts(&btf, Kallsyms::read()?)?;
         if info.reader_ranges.is_empty() {
             bail!(
@@ -50,7 +54,7 @@ impl KernelInfo {
     /// # Errors
     /// When BTF lacks a type, member or enum value the programs rely on.
     pub(crate) fn from_parts(btf: &Btf, kallsyms: Kallsyms) -> Result<Self> {
-        let mut facts = crate::btf::kernel_facts(btf)?;
+        let mut facts = crate::kernel::btf::kernel_facts(btf)?;
         let reader_ranges = kallsyms.reader_ranges();
         let mut count = 0;
         for (slot, range) in facts.reader_ranges.iter_mut().zip(&reader_ranges) {
@@ -64,8 +68,10 @@ impl KernelInfo {
                 .unwrap_or_default(),
             facts,
             reader_ranges,
-            consume_has_location: crate::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)?.len() >= 2,
-            drop_reasons: ReasonNames(crate::btf::drop_reason_names(btf)?),
+            consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)?
+                .len()
+                >= 2,
+            drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)?),
             kallsyms,
         })
     }

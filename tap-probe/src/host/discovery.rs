@@ -5,14 +5,14 @@
 //! builds from `dev_net(dev)->ns.inum` and `dev->ifindex`.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow};
 use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
 use tap_probe_common::DeviceKey;
 
-use crate::netlink::{Link, LinkStats, Rtnl, TunKind};
-use crate::netns::{self, NetnsInfo};
+use crate::os::netlink::{Link, LinkStats, Rtnl, TunKind};
+use crate::os::netns::{self, NetnsInfo};
+use crate::os::procfs::{Holder, tun_holders};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -218,69 +218,6 @@ impl Discovery {
     }
 }
 
-/// A tun/tap queue fd found in a process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Holder {
-    pid: u32,
-    comm: String,
-    /// The process's own network namespace.
-    netns: Option<u32>,
-    /// Device name from the fd's `iff:` fdinfo line (`tun_chr_show_fdinfo`).
-    iff: String,
-}
-
-/// Every open `/dev/net/tun` fd bound to a device, from `/proc/*/fd` and `/proc/*/fdinfo`.
-/// Processes and fds that go away mid-scan are skipped.
-fn tun_holders() -> Vec<Holder> {
-    let Ok(pids) = netns::pids() else {
-        return Vec::new();
-    };
-    let mut holders = Vec::new();
-    for pid in pids {
-        let fd_dir = format!("/proc/{pid}/fd");
-        let Ok(fds) = std::fs::read_dir(&fd_dir) else {
-            continue;
-        };
-        let mut comm = None;
-        let mut seen = HashSet::new();
-        for fd in fds.filter_map(std::result::Result::ok) {
-            // readlink is cheap; fdinfo is read only for tun fds.
-            if std::fs::read_link(fd.path()).ok().as_deref() != Some(Path::new("/dev/net/tun")) {
-                continue;
-            }
-            let Some(iff) = read_iff(pid, &fd.file_name().to_string_lossy()) else {
-                continue;
-            };
-            // One owner entry per (process, device), however many queues it holds.
-            if !seen.insert(iff.clone()) {
-                continue;
-            }
-            let comm = comm
-                .get_or_insert_with(|| {
-                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                        .map(|c| c.trim_end().to_owned())
-                        .unwrap_or_default()
-                })
-                .clone();
-            let netns = netns::inode_of(Path::new(&format!("/proc/{pid}/ns/net"))).ok();
-            holders.push(Holder {
-                pid,
-                comm,
-                netns,
-                iff,
-            });
-        }
-    }
-    holders
-}
-
-fn read_iff(pid: u32, fd: &str) -> Option<String> {
-    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
-    info.lines()
-        .find_map(|line| line.strip_prefix("iff:"))
-        .map(|name| name.trim().to_owned())
-}
-
 /// Attaches holders to tun/tap devices by name. fdinfo names the device but not its
 /// namespace, so when several namespaces have a device of that name the one in the
 /// holder's own namespace wins; failing that, every candidate gets the owner.
@@ -401,8 +338,8 @@ mod tests {
 #[cfg(all(test, feature = "privileged-tests"))]
 mod privileged_tests {
     use super::*;
-    use crate::netns::{NamedNetns, run_in};
-    use crate::tap::{Tap, TapOptions};
+    use crate::os::netns::{NamedNetns, run_in};
+    use crate::os::tap::{Tap, TapOptions};
 
     #[test]
     fn finds_tap_with_owner_and_veth() {

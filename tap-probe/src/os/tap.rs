@@ -46,7 +46,7 @@ pub struct Tap {
 
 impl Tap {
     /// Creates the device in the calling thread's network namespace (run this inside
-    /// [`crate::netns::run_in`] to create it elsewhere). `name` may be a pattern such as
+    /// [`crate::os::netns::run_in`] to create it elsewhere). `name` may be a pattern such as
     /// `tap%d`; [`Tap::name`] gives the name the kernel chose.
     ///
     /// # Errors

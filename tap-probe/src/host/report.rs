@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tap_probe_common::{KernelStat, METRICS, Metric, QueueCounters, Source};
+use tap_probe_common::{KernelStat, Metric, QueueCounters, Source};
 
-use crate::discovery::{Device, DeviceKind, Owner};
+use crate::bpf::probe::DeviceCounters;
+use crate::host::discovery::{Device, DeviceKind, Owner};
 use crate::kernel::ReasonNames;
-use crate::probe::DeviceCounters;
 
 /// The kernel's own counters of a device, as deltas since tap-probe started tracking it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,54 +62,6 @@ impl Row {
             Source::Kernel(KernelStat::TxPackets) => Value::Count(self.kernel.tx_packets),
             Source::Kernel(KernelStat::TxDropped) => Value::Count(self.kernel.tx_dropped),
         }
-    }
-}
-
-impl Serialize for Row {
-    /// The labels, then every metric under its name (a dotted name nests), the drop reasons
-    /// and whether the device is gone.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde_json::{Map, Value as Json};
-        let mut row = Map::new();
-        let mut put = |name: &str, value: Json| match name.split_once('.') {
-            Some((outer, inner)) => {
-                if let Json::Object(nested) = row
-                    .entry(outer.to_owned())
-                    .or_insert_with(|| Json::Object(Map::new()))
-                {
-                    nested.insert(inner.to_owned(), value);
-                }
-            }
-            None => {
-                row.insert(name.to_owned(), value);
-            }
-        };
-        put("ifname", Json::from(self.ifname.clone()));
-        put("ifindex", Json::from(self.ifindex));
-        put("netns", Json::from(self.netns.clone()));
-        put(
-            "kind",
-            serde_json::to_value(self.kind).map_err(serde::ser::Error::custom)?,
-        );
-        put("queue", Json::from(self.queue));
-        put(
-            "owner",
-            serde_json::to_value(&self.owner).map_err(serde::ser::Error::custom)?,
-        );
-        for metric in METRICS {
-            let value = match self.value(metric) {
-                Value::Count(n) => Json::from(n),
-                Value::Flag(flag) => Json::from(flag),
-                Value::Ratio(ratio) => ratio.map_or(Json::Null, Json::from),
-            };
-            put(metric.name, value);
-        }
-        put(
-            "drop_reasons",
-            serde_json::to_value(&self.drop_reasons).map_err(serde::ser::Error::custom)?,
-        );
-        put("retired", Json::from(self.retired));
-        row.serialize(serializer)
     }
 }
 
@@ -167,10 +119,10 @@ pub struct Report {
     /// Seconds since tap-probe attached.
     pub elapsed_s: f64,
     /// Which kernel hooks feed the counters.
-    pub sources: crate::backend::Sources,
+    pub sources: crate::bpf::backend::Sources,
     /// The programs' own cost, in the final report of `watch --program-stats`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) programs: Option<Vec<crate::probe::ProgramStats>>,
+    pub(crate) programs: Option<Vec<crate::bpf::probe::ProgramStats>>,
     pub rows: Vec<Row>,
 }
 

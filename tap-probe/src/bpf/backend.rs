@@ -17,13 +17,13 @@ use anyhow::{Context as _, anyhow, bail};
 use aya::Ebpf;
 use aya::programs::{KProbe, RawTracePoint};
 use serde::Serialize;
-
-use crate::kallsyms::Kallsyms;
-use crate::kernel::KernelInfo;
 use tap_probe_common::{
     PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT,
     PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
 };
+
+use crate::kernel::KernelInfo;
+use crate::kernel::kallsyms::Kallsyms;
 
 /// The perf event source aya attaches kprobes through.
 const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";

@@ -5,16 +5,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 
-use crate::backend::Backend;
+use crate::bpf::backend::Backend;
 use crate::cli::Format;
-use crate::discovery::Filter;
+use crate::cli::QdiscArg;
+use crate::host::discovery::Filter;
+use crate::host::report::Row;
+use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
-use crate::load::{LoadSession, QdiscArg, SessionConfig};
-use crate::render;
-use crate::report::Row;
-use crate::signals::Stop;
-use crate::traffic::SenderConfig;
-use crate::watch::Watcher;
+use crate::lab::load::{LoadSession, SessionConfig};
+use crate::lab::traffic::SenderConfig;
+use crate::os::signals::Stop;
+use crate::output;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -43,7 +44,7 @@ pub(crate) struct Args {
 /// Missing privileges or kernel features, or a failing step; the namespace, tap and probes
 /// are removed in every case (they are guards), also on Ctrl-C and SIGTERM.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    crate::privileges::check()?;
+    crate::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let session_cfg = SessionConfig {
         qdisc: Some(args.qdisc.into()),
@@ -58,7 +59,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         netns: Some(device.netns_name.clone()),
     };
     let mut watcher = Watcher::with_backend(&KernelInfo::load()?, &filter, Backend::Auto)?;
-    let out = render::Output::new(args.format);
+    let out = output::Output::new(args.format);
     if args.format == Format::Table {
         eprintln!(
             "tap-probe demo: tap {} in network namespace {}, qdisc {}; a reader takes {} pkt/s \

@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail};
 use tap_probe_common::EventKind;
 
 use crate::cli::Format;
+use crate::output::table::{Align, Table};
 use crate::replay::live::{self, LiveConfig, LiveResult};
 use crate::replay::plot::{self, Panel};
 use crate::replay::policy::Policy;
@@ -17,7 +18,6 @@ use crate::replay::ring::X86_64_BATCH;
 use crate::replay::sim::{Metrics, SimConfig, simulate};
 use crate::replay::workload::Workload;
 use crate::replay::{Ops, Stream, load_recording};
-use crate::table::{Align, Table};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {

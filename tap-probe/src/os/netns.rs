@@ -285,7 +285,7 @@ pub(crate) fn list() -> Result<Vec<NetnsInfo>> {
         }
     }
 
-    for pid in pids()? {
+    for pid in crate::os::procfs::pids()? {
         let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
         // Vanished processes (ENOENT) and kernel threads we cannot inspect are skipped.
         if let Ok(inode) = inode_of(&path) {
@@ -323,20 +323,6 @@ fn named_entries() -> Result<Vec<(String, PathBuf)>> {
         .collect();
     entries.sort();
     Ok(entries)
-}
-
-/// Pids of all processes, ascending.
-///
-/// # Errors
-/// When `/proc` cannot be listed.
-pub(crate) fn pids() -> Result<Vec<u32>> {
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
-        .context("cannot list /proc")?
-        .filter_map(std::result::Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-        .collect();
-    pids.sort_unstable();
-    Ok(pids)
 }
 
 #[cfg(all(test, feature = "privileged-tests"))]

@@ -25,10 +25,10 @@ impl SlowConsumer {
     /// # Errors
     /// When the program cannot be loaded or attached, or NAPI cannot be made threaded.
     pub fn attach(ifindex: u32, ifname: &str, hold_ns: u64) -> anyhow::Result<Self> {
-        crate::privileges::raise_memlock();
+        crate::kernel::privileges::raise_memlock();
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_SLOW_CONSUMER_NS, &hold_ns, true)
-            .load(crate::ebpf_object())
+            .load(crate::bpf::object::ebpf_object())
             .context("loading the eBPF object")?;
         let program: &mut Xdp = ebpf
             .program_mut(PROG_SLOW_CONSUMER)

@@ -13,14 +13,14 @@ use aya::{
         Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
     },
 };
-
-use crate::backend::{Backend, Sources};
-use crate::kernel::KernelInfo;
 use tap_probe_common::{
     DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS, MAP_DEVICES,
     MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE, MAP_READERS,
     MAX_QUEUE_SLOTS, QueueCounters, ReaderState,
 };
+
+use crate::bpf::backend::{Backend, Sources};
+use crate::kernel::KernelInfo;
 
 /// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
 /// as the returned descriptor is open; it costs two clock reads per program run.
@@ -75,7 +75,7 @@ impl Probe {
     }
 
     /// Loads the object and attaches the sources `backend` calls for (see
-    /// [`crate::backend`]); `record` turns on per-packet events.
+    /// [`crate::bpf::backend`]); `record` turns on per-packet events.
     ///
     /// # Errors
     /// When the kernel refuses to load or attach a program (nothing stays attached then), or
@@ -85,8 +85,8 @@ impl Probe {
         backend: Backend,
         record: bool,
     ) -> anyhow::Result<Self> {
-        crate::privileges::raise_memlock();
-        let object = crate::ebpf_object();
+        crate::kernel::privileges::raise_memlock();
+        let object = crate::bpf::object::ebpf_object();
         if object.is_empty() {
             bail!("this tap-probe was built with AYA_BUILD_SKIP: it carries no eBPF programs");
         }
@@ -95,7 +95,7 @@ impl Probe {
             .override_global(GLOBAL_RECORD_EVENTS, &u32::from(record), true)
             .load(object)
             .context("loading the eBPF object")?;
-        let sources = crate::backend::attach(&mut ebpf, backend, kernel)?;
+        let sources = crate::bpf::backend::attach(&mut ebpf, backend, kernel)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,

@@ -1,89 +1,91 @@
-//! Output: a live table for people, one JSON object per refresh for programs.
+//! Aligned text columns, for every table tap-probe prints: each column as wide as its
+//! widest cell, two spaces between columns, no trailing blanks. Also the watch's table.
 
 use std::fmt::Write as _;
-use std::io::IsTerminal as _;
 
-use crate::cli::Format;
 use tap_probe_common::{METRICS, Metric, Source, Unit};
 
-use crate::report::{Report, Row, Value};
-use crate::table::{Align, Table};
+use crate::host::report::{Report, Row, Value};
 
-pub(crate) struct Output {
-    format: Format,
-    redraw: bool,
+/// How a column's cells are padded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Align {
+    Left,
+    Right,
 }
 
-impl Output {
+/// Rows of cells. Rows may be shorter than others; a row's last cell is not padded when it
+/// is left-aligned, so long free text at the end of a row does not widen the others.
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    indent: &'static str,
+    /// Alignment per column; columns beyond are left-aligned.
+    align: Vec<Align>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table whose columns are aligned as `align` says (left beyond it).
     #[must_use]
-    pub(crate) fn new(format: Format) -> Self {
+    pub(crate) fn new(align: &[Align]) -> Self {
         Self {
-            format,
-            redraw: format == Format::Table && std::io::stdout().is_terminal(),
+            indent: "",
+            align: align.to_vec(),
+            rows: Vec::new(),
         }
     }
 
-    /// Shows one refresh; `previous` gives the rates.
-    ///
-    /// # Errors
-    /// When stdout is closed.
-    pub(crate) fn show(&self, report: &Report, previous: Option<&Report>) -> anyhow::Result<()> {
-        let text = match self.format {
-            Format::Json => json_line(report, false)?,
-            Format::Table => {
-                let mut t = String::new();
-                if self.redraw {
-                    // Home the cursor and clear the screen: a plain redraw, no raw mode or
-                    // alternate screen, so there is nothing to restore on exit.
-                    t.push_str("\x1b[H\x1b[2J");
-                }
-                t.push_str(&table(report, previous));
-                t
-            }
-        };
-        crate::output::stdout(&text)
+    /// Every line starts with `indent`.
+    #[must_use]
+    pub(crate) fn indent(mut self, indent: &'static str) -> Self {
+        self.indent = indent;
+        self
     }
 
-    /// The final summary after detaching.
-    ///
-    /// # Errors
-    /// When stdout is closed.
-    pub(crate) fn summary(&self, report: &Report) -> anyhow::Result<()> {
-        let text = match self.format {
-            Format::Json => json_line(report, true)?,
-            Format::Table => {
-                let mut t = format!(
-                    "\nFinal counters after {:.1} s:\n{}",
-                    report.elapsed_s,
-                    table(report, None)
-                );
-                let mut programs = Table::new(&[Align::Left, Align::Left, Align::Right]);
-                for p in report.programs.iter().flatten() {
-                    programs.row(vec![
-                        "program".to_owned(),
-                        p.program.clone(),
-                        format!("{} runs", p.runs),
-                        format!("{} ns/run", p.mean_ns),
-                    ]);
-                }
-                t.push_str(&programs.render());
-                t
-            }
-        };
-        crate::output::stdout(&text)
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
     }
-}
 
-/// One report as a JSON line; `final` marks the summary written after detaching.
-///
-/// # Errors
-/// Never in practice (serialising plain data).
-pub(crate) fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
-    let mut value = serde_json::to_value(report)?;
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert("final".to_owned(), serde_json::Value::Bool(last));
+    /// The lines, each ending in a newline.
+    #[must_use]
+    pub(crate) fn render(&self) -> String {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .filter_map(|row| row.get(c))
+                    .map(|cell| cell.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for row in &self.rows {
+            let mut line = String::from(self.indent);
+            for (c, cell) in row.iter().enumerate() {
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                let pad = widths[c].saturating_sub(cell.chars().count());
+                match self.align.get(c).copied().unwrap_or(Align::Left) {
+                    Align::Right => {
+                        line.extend(std::iter::repeat_n(' ', pad));
+                        line.push_str(cell);
+                    }
+                    Align::Left => {
+                        line.push_str(cell);
+                        if c + 1 < row.len() {
+                            line.extend(std::iter::repeat_n(' ', pad));
+                        }
+                    }
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
     }
-    Ok(format!("{value}\n"))
 }
 
 /// The columns that name the row, before those of [`METRICS`].
@@ -92,7 +94,7 @@ const LABELS: [&str; 5] = ["DEVICE", "NETNS", "KIND", "Q", "OWNER"];
 /// The table: a column per metric that has one, notes for those that do not, and
 /// per-second rates beside the packet counters of the probes when `previous` is given.
 #[must_use]
-pub(crate) fn table(report: &Report, previous: Option<&Report>) -> String {
+pub(crate) fn rows(report: &Report, previous: Option<&Report>) -> String {
     let dt = previous
         .map(|p| report.elapsed_s - p.elapsed_s)
         .filter(|dt| *dt > 0.0);
@@ -213,6 +215,15 @@ fn count(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn columns_align_and_lines_do_not_trail() {
+        let mut t = Table::new(&[Align::Left, Align::Right]).indent("  ");
+        t.row(vec!["a".into(), "1".into(), "x".into()]);
+        t.row(vec!["bbb".into(), "100".into(), "long text".into()]);
+        t.row(vec!["c".into()]);
+        assert_eq!(t.render(), "  a      1  x\n  bbb  100  long text\n  c\n");
+    }
 
     #[test]
     fn counts_are_short() {
