@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use anyhow::{Context as _, anyhow, bail};
+use anyhow::{Context as _, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{
@@ -20,6 +20,7 @@ use tap_probe_common::{
 };
 
 use crate::bpf::backend::{Backend, Sources};
+use crate::bpf::object::Object;
 use crate::kernel::KernelInfo;
 
 /// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
@@ -39,6 +40,9 @@ pub(crate) struct ProgramStats {
     pub(crate) mean_ns: u64,
 }
 
+/// The size of the event ring when nothing records: one page.
+const EVENTS_RING_IDLE_BYTES: u32 = 4096;
+
 /// Counters of one device, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct DeviceCounters {
@@ -53,6 +57,8 @@ pub(crate) struct DeviceCounters {
 
 pub(crate) struct Probe {
     ebpf: Ebpf,
+    /// The programs' debug messages, when the log level shows them.
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     sources: Sources,
     cpus: usize,
     tracked: HashMap<DeviceKey, DeviceSlot>,
@@ -85,20 +91,38 @@ impl Probe {
         backend: Backend,
         record: bool,
     ) -> anyhow::Result<Self> {
-        crate::kernel::privileges::raise_memlock();
-        let object = crate::bpf::object::ebpf_object();
-        if object.is_empty() {
-            bail!("this tap-probe was built with AYA_BUILD_SKIP: it carries no eBPF programs");
-        }
-        let mut ebpf = EbpfLoader::new()
+        // The programs report rare anomalies with aya-log at debug level. Below that level
+        // they are switched off in the object's read-only data, so the verifier prunes them.
+        let log_debug = log::max_level() >= log::LevelFilter::Debug;
+        let log_level: u8 = if log_debug {
+            aya_log::Level::Debug.into()
+        } else {
+            0
+        };
+        let record_events = u32::from(record);
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(GLOBAL_KERNEL, &kernel.facts, true)
-            .override_global(GLOBAL_RECORD_EVENTS, &u32::from(record), true)
-            .load(object)
-            .context("loading the eBPF object")?;
+            .override_global(GLOBAL_RECORD_EVENTS, &record_events, true)
+            .override_global(aya_log::LEVEL, &log_level, false);
+        if !record {
+            // Without recording nothing writes the event ring: one page instead of 16 MiB of
+            // locked kernel memory (a ring buffer is a power of two of pages).
+            loader.map_max_entries(MAP_EVENTS, EVENTS_RING_IDLE_BYTES);
+        }
+        let mut ebpf = Object::Probe.load(&mut loader)?;
+        let logger = if log_debug {
+            aya_log::EbpfLogger::init(&mut ebpf)
+                .map_err(|err| log::debug!("no log from the eBPF programs: {err}"))
+                .ok()
+        } else {
+            None
+        };
         let sources = crate::bpf::backend::attach(&mut ebpf, backend, kernel)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,
+            logger,
             sources,
             cpus,
             tracked: HashMap::new(),
@@ -127,6 +151,13 @@ impl Probe {
         }
         out.sort_by(|a, b| a.program.cmp(&b.program));
         out
+    }
+
+    /// Passes the programs' messages since the last call on to the log.
+    pub(crate) fn flush_log(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
     }
 
     /// What feeds each counter.

@@ -126,6 +126,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
         recorder.flush_settled()?;
+        probe.flush_log();
         if lost_checked.elapsed() >= LOST_EVERY {
             lost_checked = Instant::now();
             let lost = probe.events_lost()?;

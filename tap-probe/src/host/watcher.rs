@@ -58,6 +58,7 @@ impl Watcher {
     /// When the scan or a map read fails.
     pub fn refresh(&mut self) -> anyhow::Result<Report> {
         let now_ns = monotonic_ns();
+        self.probe.flush_log();
         let seen = self.discovery.scan()?;
         self.probe.retire_generation();
         let mut rows = Vec::new();

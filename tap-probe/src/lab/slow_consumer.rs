@@ -12,6 +12,8 @@ use aya::{
 };
 use tap_probe_common::{GLOBAL_SLOW_CONSUMER_NS, PROG_SLOW_CONSUMER};
 
+use crate::bpf::object::Object;
+
 /// The attached program; dropping it detaches it.
 pub struct SlowConsumer {
     _ebpf: Ebpf,
@@ -25,14 +27,16 @@ impl SlowConsumer {
     /// # Errors
     /// When the program cannot be loaded or attached, or NAPI cannot be made threaded.
     pub fn attach(ifindex: u32, ifname: &str, hold_ns: u64) -> anyhow::Result<Self> {
-        crate::kernel::privileges::raise_memlock();
-        let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_SLOW_CONSUMER_NS, &hold_ns, true)
-            .load(crate::bpf::object::ebpf_object())
-            .context("loading the eBPF object")?;
+        let mut ebpf = Object::Lab.load(EbpfLoader::new().override_global(
+            GLOBAL_SLOW_CONSUMER_NS,
+            &hold_ns,
+            true,
+        ))?;
         let program: &mut Xdp = ebpf
             .program_mut(PROG_SLOW_CONSUMER)
-            .ok_or_else(|| anyhow!("program {PROG_SLOW_CONSUMER} missing from the eBPF object"))?
+            .ok_or_else(|| {
+                anyhow!("program {PROG_SLOW_CONSUMER} missing from the lab eBPF object")
+            })?
             .try_into()?;
         program
             .load()

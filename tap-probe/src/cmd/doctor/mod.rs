@@ -17,7 +17,7 @@ mod render;
 mod trials;
 
 use render::render_table;
-use trials::{attach_trials, tap_probe_ebpf_object};
+use trials::{attach_trials, doctor_object};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -310,7 +310,7 @@ fn collect() -> Report {
         .map(|name| tracepoint(vmlinux.as_ref().ok(), name))
         .collect();
 
-    let (ebpf_object, attach) = attach_trials(tap_probe_ebpf_object(), facts.as_ref());
+    let (ebpf_object, attach) = attach_trials(doctor_object());
     // Tried, not guessed: the same selection `watch` makes.
     let backend = match &kernel {
         Ok(kernel) => {

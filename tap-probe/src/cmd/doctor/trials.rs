@@ -4,12 +4,13 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use aya::programs::{BtfTracePoint, FEntry, KProbe, Program, RawTracePoint, TracePoint};
-use tap_probe_common::{GLOBAL_KERNEL, KernelFacts};
+
+use crate::bpf::object::Object;
 
 use super::{AttachKind, Check, Status, Trial};
 
 /// Runs every attach trial, or skips them all when the object is empty (`AYA_BUILD_SKIP`).
-pub(super) fn attach_trials(object: &[u8], facts: Option<&KernelFacts>) -> (Check, Vec<Trial>) {
+pub(super) fn attach_trials(object: &[u8]) -> (Check, Vec<Trial>) {
     if object.is_empty() {
         let why = "eBPF object not built (AYA_BUILD_SKIP); attach trials skipped";
         let trials = AttachKind::ALL
@@ -29,18 +30,16 @@ pub(super) fn attach_trials(object: &[u8], facts: Option<&KernelFacts>) -> (Chec
         };
         return (check, trials);
     }
-    // The doctor programs read nothing from the facts; zeroes do if BTF failed.
-    let facts = facts.copied().unwrap_or_default();
     let trials = AttachKind::ALL
         .iter()
-        .map(|&kind| trial(kind, object, &facts))
+        .map(|&kind| trial(kind, object))
         .collect();
     (Check::ok(format!("{} bytes", object.len())), trials)
 }
 
-/// The object bytes; a seam so the skipped path is what an `AYA_BUILD_SKIP` build shows.
-pub(super) fn tap_probe_ebpf_object() -> &'static [u8] {
-    crate::bpf::object::ebpf_object()
+/// The trials' object; a seam so the skipped path is what an `AYA_BUILD_SKIP` build shows.
+pub(super) fn doctor_object() -> &'static [u8] {
+    Object::Doctor.bytes()
 }
 
 /// An error and its sources on one string, skipping a source its parent already quotes
@@ -62,8 +61,8 @@ fn error_text(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Loads the object, then loads and attaches `kind`'s program, then detaches and unloads it.
-fn trial(kind: AttachKind, object: &[u8], facts: &KernelFacts) -> Trial {
-    let outcome = try_trial(kind, object, facts);
+fn trial(kind: AttachKind, object: &[u8]) -> Trial {
+    let outcome = try_trial(kind, object);
     let (status, stage, error) = match outcome {
         Ok(()) => (Status::Ok, None, None),
         Err((stage, error)) => (Status::Failed, Some(stage), Some(error)),
@@ -80,15 +79,12 @@ fn trial(kind: AttachKind, object: &[u8], facts: &KernelFacts) -> Trial {
 
 type TrialError = (&'static str, String);
 
-fn try_trial(kind: AttachKind, object: &[u8], facts: &KernelFacts) -> Result<(), TrialError> {
+fn try_trial(kind: AttachKind, object: &[u8]) -> Result<(), TrialError> {
     let object_err = |e: &(dyn std::error::Error + 'static)| ("object", error_text(e));
     let load_err = |e: aya::programs::ProgramError| ("load", error_text(&e));
     let attach_err = |e: aya::programs::ProgramError| ("attach", error_text(&e));
 
-    let mut ebpf = aya::EbpfLoader::new()
-        .override_global(GLOBAL_KERNEL, facts, true)
-        .load(object)
-        .map_err(|e| object_err(&e))?;
+    let mut ebpf = aya::Ebpf::load(object).map_err(|e| object_err(&e))?;
     let program: &mut Program = ebpf.program_mut(kind.program()).ok_or_else(|| {
         (
             "object",
