@@ -12,7 +12,6 @@ pub mod lab;
 mod os;
 mod output;
 mod replay;
-mod trace_file;
 
 pub use cli::main;
 
@@ -22,11 +21,6 @@ pub mod model {
     pub use crate::replay::policy::Policy;
     pub use crate::replay::ring::X86_64_BATCH;
     pub use crate::replay::sim::{SimConfig, simulate};
-}
-
-/// The trace reader, for the fuzz target.
-pub mod trace {
-    pub use crate::trace_file::TraceReader;
 }
 
 /// Shared by the privileged unit tests.

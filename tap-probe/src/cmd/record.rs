@@ -19,7 +19,7 @@ use crate::host::recorder::{REORDER_WINDOW_NS, Recorder};
 use crate::kernel::KernelInfo;
 use crate::os::clock::monotonic_ns;
 use crate::os::signals::Stop;
-use crate::trace_file::{DeviceInfo, Header, Trailer};
+use tap_probe_trace::{DeviceInfo, Header, Trailer};
 
 /// How long the loop sleeps when the ring buffer is empty.
 const POLL_SLEEP: Duration = Duration::from_millis(2);

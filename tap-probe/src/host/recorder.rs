@@ -9,7 +9,7 @@ use std::io::Write;
 use anyhow::Context as _;
 use tap_probe_common::{DeviceKey, EventKind, TraceEvent};
 
-use crate::trace_file::{Event, Header, TraceWriter, Trailer};
+use tap_probe_trace::{Event, Header, TraceWriter, Trailer};
 
 /// Events are written once they are this much older than the newest event seen.
 pub(crate) const REORDER_WINDOW_NS: u64 = 10_000_000;
@@ -190,7 +190,7 @@ impl<W: Write> Recorder<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace_file::{DeviceInfo, Record, TraceReader};
+    use tap_probe_trace::{DeviceInfo, Record, TraceReader};
 
     fn header() -> Header {
         Header {

@@ -26,7 +26,7 @@ use std::io::Read;
 
 use tap_probe_common::EventKind;
 
-use crate::trace_file::{Record, TraceError, TraceReader, Trailer};
+use tap_probe_trace::{Record, TraceError, TraceReader, Trailer};
 
 /// The operation code of an arrival; any other value `n` is a read of up to `n` entries.
 pub(crate) const ARRIVAL: u32 = 0;
@@ -86,7 +86,7 @@ impl Stream {
 /// A recording, read into replayable streams.
 #[derive(Debug, Clone)]
 pub struct Recording {
-    pub header: crate::trace_file::Header,
+    pub header: tap_probe_trace::Header,
     pub trailer: Trailer,
     pub streams: Vec<Stream>,
 }
@@ -143,7 +143,7 @@ pub fn load_recording<R: Read>(input: R) -> Result<Recording, TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace_file::{DeviceInfo, Event, Header, TraceWriter};
+    use tap_probe_trace::{DeviceInfo, Event, Header, TraceWriter};
 
     #[test]
     fn recording_becomes_sorted_streams() {

@@ -8,7 +8,7 @@
 //! the file holds one enqueued or ring-full event for every packet the load sent.
 
 use std::fmt;
-use std::io::{BufRead as _, BufReader, Read as _, Seek as _, SeekFrom, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
+use tap_probe_trace::{EventKind, TraceReader};
 
 use super::{
     LOAD_NETNS_GLOB, Proc, create, default_out, load_args, median, round_order, runs_dir,
@@ -43,24 +44,6 @@ const GOAL_MIN_RATIO: f64 = 0.90;
 /// The event rate the goal is stated at.
 const GOAL_EVENTS_PER_S: f64 = 1e6;
 
-/// Trailer record: type 0xff, varint length 84, then the 84-byte payload (trace-format.md).
-const TRAILER_TYPE: u8 = 0xff;
-const TRAILER_PAYLOAD: usize = 84;
-
-/// Event kinds (trace-format.md), as indices into the trailer's per-kind counts.
-const KIND_ENQUEUED: usize = 1;
-const KIND_DROPPED_FULL_RING: usize = 2;
-const KIND_NAMES: [&str; 8] = [
-    "",
-    "enqueued",
-    "dropped_full_ring",
-    "busy",
-    "consumed",
-    "queue_stop",
-    "queue_wake",
-    "dropped_other",
-];
-
 /// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
 pub(crate) type Args = super::RoundArgs;
 
@@ -82,7 +65,7 @@ impl fmt::Display for Variant {
     }
 }
 
-/// The trace file's trailer.
+/// The trace file's trailer, by counter name.
 #[derive(Debug, Serialize)]
 struct Trailer {
     events: u64,
@@ -332,43 +315,32 @@ impl Recorder {
     }
 }
 
-/// Reads the trailer at the end of a trace file (trace-format.md: type 0xff, a one-byte
-/// varint 84, the payload). `tap-probe replay` checks the rest of the file; this only
-/// needs the counts.
+/// Reads a whole trace with the trace crate's reader, which checks it down to its checksum,
+/// and returns its trailer's counts.
 fn read_trailer(path: &Path) -> anyhow::Result<Trailer> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let file_bytes = file.metadata()?.len();
-    let record_len = 2 + TRAILER_PAYLOAD;
-    let start = file_bytes
-        .checked_sub(record_len as u64)
-        .with_context(|| format!("{} is too short to hold a trailer", path.display()))?;
-    file.seek(SeekFrom::Start(start))?;
-    let mut record = vec![0u8; record_len];
-    file.read_exact(&mut record)?;
-    if record[0] != TRAILER_TYPE || usize::from(record[1]) != TRAILER_PAYLOAD {
-        bail!(
-            "{} does not end with a trailer: the recording was not completed",
-            path.display()
-        );
+    let mut reader =
+        TraceReader::new(file).with_context(|| format!("reading {}", path.display()))?;
+    for record in reader.by_ref() {
+        record.with_context(|| format!("reading {}", path.display()))?;
     }
-    let payload = &record[2..];
-    let u64_at = |offset: usize| {
-        let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(&payload[offset..offset + 8]);
-        u64::from_le_bytes(bytes)
-    };
-    let per_kind: Vec<u64> = (0..KIND_NAMES.len()).map(|k| u64_at(8 + 8 * k)).collect();
+    let trailer = reader
+        .trailer()
+        .copied()
+        .with_context(|| format!("{} has no trailer", path.display()))?;
     Ok(Trailer {
-        events: u64_at(0),
-        per_kind: KIND_NAMES
+        events: trailer.events,
+        per_kind: EventKind::ALL
             .iter()
-            .zip(&per_kind)
-            .skip(1)
-            .map(|(name, &n)| ((*name).to_owned(), Value::from(n)))
+            .map(|&kind| {
+                let name = kind.counter().map_or("?", |counter| counter.name);
+                (name.to_owned(), Value::from(trailer.count(kind)))
+            })
             .collect(),
-        lost: u64_at(72),
-        driver_calls: per_kind[KIND_ENQUEUED] + per_kind[KIND_DROPPED_FULL_RING],
+        lost: trailer.lost,
+        driver_calls: trailer.count(EventKind::Enqueued)
+            + trailer.count(EventKind::DroppedFullRing),
         file_bytes,
     })
 }
