@@ -4,6 +4,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::LazyLock;
 
 use anyhow::{Context as _, bail};
 
@@ -15,15 +16,54 @@ pub(crate) fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Cargo's target directory: `CARGO_TARGET_DIR` if set (relative to where cargo was run,
-/// as cargo reads it), else `<workspace>/target`.
+/// Cargo's target directory as cargo itself resolves it (`CARGO_TARGET_DIR`,
+/// `build.target-dir` in a `.cargo/config.toml`, else `<workspace>/target`), asked once.
 pub(crate) fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => std::env::current_dir()
-            .unwrap_or_else(|_| workspace_root())
-            .join(dir),
-        _ => workspace_root().join("target"),
+    static TARGET_DIR: LazyLock<PathBuf> = LazyLock::new(|| {
+        match cargo_metadata::MetadataCommand::new()
+            .current_dir(workspace_root())
+            .no_deps()
+            .exec()
+        {
+            Ok(metadata) => metadata.target_directory.into_std_path_buf(),
+            Err(err) => {
+                eprintln!("xtask: warning: `cargo metadata` failed ({err}); using target/");
+                workspace_root().join("target")
+            }
+        }
+    });
+    TARGET_DIR.clone()
+}
+
+/// Builds binary `bin` of package `package` in release mode and returns its path, as cargo
+/// reports it.
+///
+/// # Errors
+/// If the build fails or builds no such binary.
+pub(crate) fn build_release_bin(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+    let mut build = cargo();
+    build
+        .args(["build", "--release", "-p", package, "--bin", bin])
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped());
+    echo(&build);
+    let mut child = build
+        .spawn()
+        .with_context(|| format!("could not run `{}`", display(&build)))?;
+    let stdout = child.stdout.take().context("cargo's stdout")?;
+    let mut executable = None;
+    for message in cargo_metadata::Message::parse_stream(std::io::BufReader::new(stdout)) {
+        if let cargo_metadata::Message::CompilerArtifact(artifact) = message?
+            && artifact.target.name == bin
+            && artifact.target.is_kind(cargo_metadata::TargetKind::Bin)
+        {
+            executable = artifact
+                .executable
+                .map(cargo_metadata::camino::Utf8PathBuf::into_std_path_buf);
+        }
     }
+    check(&build, child.wait()?)?;
+    executable.with_context(|| format!("`{}` built no binary {bin}", display(&build)))
 }
 
 /// A command that runs from the workspace root with cargo's bin directory on `PATH`:

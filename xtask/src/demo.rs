@@ -20,8 +20,7 @@ pub(crate) struct Args {
 /// If setup or the build fails, or the demo cannot be started.
 pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
     setup::run(&setup::Args {})?;
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
-    let binary = cmd::target_dir().join("release/tap-probe");
+    let binary = cmd::build_release_bin("tap-probe", "tap-probe")?;
     let mut demo = cmd::new(&binary);
     demo.arg("demo").args(&args.args);
     cmd::echo(&demo);
