@@ -1,7 +1,9 @@
 //! tap-probe: counts what happens to packets on the transmit path of tun/tap devices.
 //!
-//! Everything is `pub(crate)`; the facade below exports what the binary, the privileged
-//! integration tests and the fuzz target need.
+//! Everything is `pub(crate)`; the facade exports what the binary (`main`) and the
+//! privileged integration tests (`lab`, `model`) need. Where to start reading: `cli.rs`,
+//! then a subcommand in `cmd/`; the counters are declared in `tap-probe-common`'s
+//! `counters.rs`.
 
 mod bpf;
 mod cli;
@@ -21,17 +23,4 @@ pub mod model {
     pub use crate::replay::policy::Policy;
     pub use crate::replay::ring::X86_64_BATCH;
     pub use crate::replay::sim::{SimConfig, simulate};
-}
-
-/// Shared by the privileged unit tests.
-#[cfg(all(test, feature = "privileged-tests"))]
-mod test_support {
-    /// Privileged tests need root; elsewhere they say so and pass.
-    pub(crate) fn root() -> bool {
-        let root = nix::unistd::geteuid().is_root();
-        if !root {
-            println!("skipping test - not root");
-        }
-        root
-    }
 }

@@ -23,7 +23,7 @@ const HOLD_NS: u64 = 200_000;
 
 #[test]
 fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("bp").unwrap();

@@ -7,24 +7,19 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tap_probe::lab::Filter;
 use tap_probe::lab::run_in;
-use tap_probe::lab::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::{self, Drive, ReaderConfig, SenderConfig};
 use tap_probe::lab::{RootQdisc, Rtnl};
 
 /// Frames sent; the tap's ring holds `tx_queue_len` entries (1000 by default), the reader
 /// takes a few thousand per second, so most of these are tail-dropped on a stock kernel.
 const FRAMES: u64 = 20_000;
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "set-up, traffic and every identity, checked per backend"
-)]
 fn tap_with_slow_reader(qdisc: RootQdisc) {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("exact").unwrap();
@@ -45,30 +40,27 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
     }
     let qdisc_before = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
-    let stop = AtomicBool::new(false);
-    let sent = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let cfg = ReaderConfig {
-                pps: Some(4_000),
-                deadline: Duration::from_secs(30),
-                max_packets: None,
-            };
-            lab::read(tap.queue_fd(0), &cfg, &stop)
-        });
+    let sent = Drive {
+        netns: ns.path(),
+        tap: &tap,
         // One frame per sendmsg: sendmmsg drops the error of a frame that failed mid-batch
         // (tun answers a full ring with NET_XMIT_DROP, ENOBUFS to the sender), which would
         // blur the count of driver calls.
-        let cfg = SenderConfig {
+        sender: SenderConfig {
             batch: 1,
-            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
-        };
-        let sent = run_in(ns.path(), || lab::send(&cfg));
-        stop.store(true, Ordering::Relaxed);
-        reader.join().unwrap().unwrap();
-        sent.unwrap()
-    });
-    tap.set_nonblocking(true).unwrap();
-    lab::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
+            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: Some(4_000),
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap()
+    .sent;
     let qdisc_after = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
     let mut rows = Vec::new();
@@ -171,7 +163,7 @@ fn voluntary_switches(status: &std::fs::File) -> u64 {
 /// when the ring is empty, so the two must be equal.
 #[test]
 fn reader_sleeps_match_the_readers_context_switches() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("sleep").unwrap();

@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tap_probe::lab::Filter;
 use tap_probe::lab::run_in;
-use tap_probe::lab::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe::lab::{RootQdisc, Rtnl};
 use tap_probe::lab::{Tap, TapOptions};
 
@@ -20,7 +19,7 @@ const FRAMES: u64 = 5_000;
 
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("mq").unwrap();
@@ -39,37 +38,25 @@ fn per_queue_consumed_matches_each_readers_count() {
         );
     }
 
-    let stop = AtomicBool::new(false);
-    let reads: Vec<u64> = std::thread::scope(|s| {
-        let readers: Vec<_> = (0..2)
-            .map(|q| {
-                let (tap, stop) = (&tap, &stop);
-                s.spawn(move || {
-                    let cfg = ReaderConfig {
-                        pps: None,
-                        deadline: Duration::from_secs(30),
-                        max_packets: None,
-                    };
-                    lab::read(tap.queue_fd(q), &cfg, stop)
-                })
-            })
-            .collect();
-        let cfg = SenderConfig {
+    let driven = Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: SenderConfig {
             batch: 1,
-            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
-        };
-        run_in(ns.path(), || lab::send(&cfg)).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        stop.store(true, Ordering::Relaxed);
-        readers
-            .into_iter()
-            .map(|r| r.join().unwrap().unwrap().packets)
-            .collect()
-    });
-    tap.set_nonblocking(true).unwrap();
-    let drained: Vec<u64> = (0..2)
-        .map(|q| lab::drain(tap.queue_fd(q), Duration::from_secs(5)).unwrap())
-        .collect();
+            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 2,
+        linger: Duration::from_millis(200),
+    }
+    .run()
+    .unwrap();
+    let reads: Vec<u64> = driven.read.iter().map(|r| r.packets).collect();
+    let drained = driven.drained;
 
     let mut per_queue: [Vec<_>; 2] = [Vec::new(), Vec::new()];
     for (backend, w) in &mut watchers {

@@ -10,14 +10,12 @@ mod common;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use tap_probe::lab::RootQdisc;
-use tap_probe::lab::run_in;
-use tap_probe::lab::{self, ReaderConfig, SenderConfig};
 use tap_probe::lab::{Discovery, Filter};
+use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe::model::Policy;
 use tap_probe::model::X86_64_BATCH;
 use tap_probe::model::{SimConfig, simulate};
@@ -28,7 +26,7 @@ const DEV: &str = "tprr0";
 
 #[test]
 fn replayed_tail_drops_match_kernel_tx_dropped() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("rr").unwrap();
@@ -48,29 +46,25 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
 
     let (mut recorder, pump) = start_recorder(&trace, ns.name());
 
-    let stop = AtomicBool::new(false);
-    let sent = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let cfg = ReaderConfig {
-                pps: Some(4_000),
-                deadline: Duration::from_secs(30),
-                max_packets: None,
-            };
-            lab::read(tap.queue_fd(0), &cfg, &stop)
-        });
-        let cfg = SenderConfig {
+    let sent = Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: SenderConfig {
             batch: 1,
-            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
-        };
-        let sent = run_in(ns.path(), || lab::send(&cfg));
+            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: Some(4_000),
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 1,
         // Let the reader work on a full ring for a while after the burst.
-        std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        reader.join().unwrap().unwrap();
-        sent.unwrap()
-    });
-    tap.set_nonblocking(true).unwrap();
-    lab::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
+        linger: Duration::from_millis(300),
+    }
+    .run()
+    .unwrap()
+    .sent;
     std::thread::sleep(Duration::from_millis(100));
 
     // SIGINT: the recorder completes the file and exits zero.

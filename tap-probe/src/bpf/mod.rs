@@ -4,3 +4,4 @@
 pub(crate) mod backend;
 pub(crate) mod object;
 pub(crate) mod probe;
+pub(crate) mod slots;

@@ -1,8 +1,7 @@
 //! The loaded eBPF object: attach, decide which devices are tracked, read their counters.
 //!
-//! Each tracked device owns `queues` consecutive slots of the counter map. Freed ranges wait
-//! one generation before reuse, so a program that looked a device up just before it was
-//! retired cannot count into the range's next owner.
+//! Each tracked device owns `queues` consecutive slots of the counter map, handed out by
+//! [`Slots`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -21,6 +20,7 @@ use tap_probe_common::{
 
 use crate::bpf::backend::{Backend, Sources};
 use crate::bpf::object::Object;
+use crate::bpf::slots::Slots;
 use crate::kernel::KernelInfo;
 
 /// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
@@ -62,10 +62,7 @@ pub(crate) struct Probe {
     sources: Sources,
     cpus: usize,
     tracked: HashMap<DeviceKey, DeviceSlot>,
-    /// Free slot ranges `(base, len)`, usable now.
-    free: Vec<(u32, u32)>,
-    /// Ranges freed since the last `retire_generation`.
-    cooling: Vec<(u32, u32)>,
+    slots: Slots,
     /// The value last written to `GENERATION`.
     generation: u64,
 }
@@ -126,8 +123,7 @@ impl Probe {
             sources,
             cpus,
             tracked: HashMap::new(),
-            free: vec![(0, MAX_QUEUE_SLOTS)],
-            cooling: Vec::new(),
+            slots: Slots::new(MAX_QUEUE_SLOTS),
             generation: 0,
         })
     }
@@ -175,7 +171,7 @@ impl Probe {
             return Ok(());
         }
         let queues = queues.max(1);
-        let base = self.allocate(queues).ok_or_else(|| {
+        let base = self.slots.allocate(queues).ok_or_else(|| {
             anyhow!(
                 "no room for {queues} more queues ({MAX_QUEUE_SLOTS} slots in all): \
                  narrow the devices watched with --dev or --netns"
@@ -204,7 +200,7 @@ impl Probe {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
             Err(err) => return Err(err).context("removing a device"),
         }
-        self.cooling.push((slot.base, slot.queues));
+        self.slots.free(slot.base, slot.queues);
         self.next_generation()
     }
 
@@ -219,21 +215,10 @@ impl Probe {
         Ok(())
     }
 
-    /// Makes the ranges freed before this call reusable. Call once per refresh interval:
-    /// by then no program still runs with a lookup made before the device was removed.
+    /// Makes the slots freed before this call reusable (see [`Slots`]). Call once per
+    /// refresh interval.
     pub(crate) fn retire_generation(&mut self) {
-        self.free.append(&mut self.cooling);
-    }
-
-    fn allocate(&mut self, len: u32) -> Option<u32> {
-        let i = self.free.iter().position(|&(_, n)| n >= len)?;
-        let (base, n) = self.free[i];
-        if n == len {
-            self.free.swap_remove(i);
-        } else {
-            self.free[i] = (base + len, n - len);
-        }
-        Some(base)
+        self.slots.next_generation();
     }
 
     /// Zeroes the counters, queue state and drop reasons of slots `base..base + len`.

@@ -343,7 +343,7 @@ mod privileged_tests {
 
     #[test]
     fn finds_tap_with_owner_and_veth() {
-        if !crate::test_support::root() {
+        if !crate::lab::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-disc-{}", std::process::id())).unwrap();

@@ -198,18 +198,7 @@ impl LoadSession {
             .tap
             .as_ref()
             .ok_or_else(|| anyhow!("the tap is gone"))?;
-        let fd = tap.queue_fd(0);
-        // Packets still in the qdisc reach the ring from the TX softirq shortly after
-        // the sender stops, so keep draining until the ring stays empty for a moment.
-        let end = traffic::deadline_after(Instant::now(), DRAIN_LIMIT);
-        let mut drained = 0;
-        let mut quiet = 0;
-        while quiet < 3 && Instant::now() < end {
-            let n = traffic::drain(fd, end.saturating_duration_since(Instant::now()))?;
-            drained += n;
-            quiet = if n == 0 { quiet + 1 } else { 0 };
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let drained = traffic::drain_until_quiet(tap.queue_fd(0), DRAIN_LIMIT)?;
         let now = self.link_stats()?;
         let link = LinkStats {
             tx_packets: now.tx_packets.saturating_sub(self.baseline.tx_packets),
@@ -445,7 +434,7 @@ mod tests {
 
     #[test]
     fn fast_reader_accounts_for_every_packet() {
-        if !crate::test_support::root() {
+        if !crate::lab::root() {
             return;
         }
         let cfg = LoadConfig {
@@ -473,7 +462,7 @@ mod tests {
 
     #[test]
     fn slow_reader_tail_drops() {
-        if !crate::test_support::root() {
+        if !crate::lab::root() {
             return;
         }
         let cfg = LoadConfig {
@@ -505,7 +494,7 @@ mod tests {
 
     #[test]
     fn session_exposes_device_before_traffic() {
-        if !crate::test_support::root() {
+        if !crate::lab::root() {
             return;
         }
         let stop = Arc::new(AtomicBool::new(false));

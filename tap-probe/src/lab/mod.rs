@@ -16,8 +16,19 @@ pub use crate::host::watcher::Watcher;
 pub use crate::kernel::KernelInfo;
 pub use crate::lab::slow_consumer::SlowConsumer;
 pub use crate::lab::traffic::{
-    ReadReport, ReaderConfig, SendReport, SenderConfig, drain, read, send,
+    Drive, Driven, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
 };
 pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};
 pub use crate::os::tap::{Tap, TapOptions};
+
+/// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,
+/// the form aya's tests use).
+#[must_use]
+pub fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipping test - not root");
+    }
+    root
+}

@@ -10,6 +10,7 @@
 //! sequence number.
 
 use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use crate::os::tap::Tap;
 
 const ETH_HDR: usize = 14;
 const IPV4_HDR: usize = 20;
@@ -364,7 +367,11 @@ pub struct ReadReport {
 ///
 /// # Errors
 /// When reading fails other than with `EAGAIN`/`EINTR`.
-pub fn read(fd: BorrowedFd<'_>, cfg: &ReaderConfig, stop: &AtomicBool) -> Result<ReadReport> {
+pub(crate) fn read(
+    fd: BorrowedFd<'_>,
+    cfg: &ReaderConfig,
+    stop: &AtomicBool,
+) -> Result<ReadReport> {
     if cfg.pps == Some(0) {
         bail!(
             "a reader rate of 0 packets per second reads nothing; leave the rate unset for no limit"
@@ -411,7 +418,7 @@ pub fn read(fd: BorrowedFd<'_>, cfg: &ReaderConfig, stop: &AtomicBool) -> Result
 ///
 /// # Errors
 /// When reading fails.
-pub fn drain(fd: BorrowedFd<'_>, deadline: Duration) -> Result<u64> {
+pub(crate) fn drain(fd: BorrowedFd<'_>, deadline: Duration) -> Result<u64> {
     let end = deadline_after(Instant::now(), deadline);
     let mut buf = vec![0u8; 65_536];
     let mut packets = 0;
@@ -424,6 +431,95 @@ pub fn drain(fd: BorrowedFd<'_>, deadline: Duration) -> Result<u64> {
         }
     }
     Ok(packets)
+}
+
+/// Drains `fd` until it stays empty for a moment (three polls 10 ms apart), at most for
+/// `limit`: packets still in a qdisc reach the ring from the TX softirq shortly after the
+/// sender stops. Returns the frames read.
+///
+/// # Errors
+/// When reading fails.
+pub(crate) fn drain_until_quiet(fd: BorrowedFd<'_>, limit: Duration) -> Result<u64> {
+    let end = deadline_after(Instant::now(), limit);
+    let mut drained = 0;
+    let mut quiet = 0;
+    while quiet < 3 && Instant::now() < end {
+        let n = drain(fd, end.saturating_duration_since(Instant::now()))?;
+        drained += n;
+        quiet = if n == 0 { quiet + 1 } else { 0 };
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(drained)
+}
+
+/// Traffic through a tap, sent from inside its namespace, read by a reader on each of its
+/// first `queues` queues; then the readers stop and the queues are drained. The scaffold of
+/// the privileged tests that count a tap's traffic.
+pub struct Drive<'a> {
+    /// The tap's namespace (`/run/netns/NAME`): the sender transmits from inside it.
+    pub netns: &'a Path,
+    pub tap: &'a Tap,
+    /// What to send; its `ifindex` is the tap's.
+    pub sender: SenderConfig,
+    /// How each reader reads.
+    pub reader: ReaderConfig,
+    /// Queues with a reader, from 0.
+    pub queues: usize,
+    /// How long the readers keep reading after the sender is done.
+    pub linger: Duration,
+}
+
+/// What a [`Drive`] did.
+#[derive(Debug, Clone)]
+pub struct Driven {
+    pub sent: SendReport,
+    /// Per queue: what its reader took.
+    pub read: Vec<ReadReport>,
+    /// Per queue: what was left in its ring afterwards.
+    pub drained: Vec<u64>,
+}
+
+impl Drive<'_> {
+    /// Sends, reads, stops the readers and drains every queue (leaving them non-blocking).
+    ///
+    /// # Errors
+    /// When sending, reading or draining fails.
+    pub fn run(&self) -> Result<Driven> {
+        let stop = AtomicBool::new(false);
+        let (sent, read) = std::thread::scope(|scope| -> Result<_> {
+            let readers: Vec<_> = (0..self.queues)
+                .map(|queue| {
+                    let (fd, cfg, stop) = (self.tap.queue_fd(queue), &self.reader, &stop);
+                    scope.spawn(move || read(fd, cfg, stop))
+                })
+                .collect();
+            let sender = SenderConfig {
+                ifindex: self.tap.ifindex(),
+                ..self.sender.clone()
+            };
+            let sent = crate::os::netns::run_in(self.netns, || send(&sender));
+            std::thread::sleep(self.linger);
+            stop.store(true, Ordering::Relaxed);
+            let read = readers
+                .into_iter()
+                .map(|reader| {
+                    reader
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("a reader thread panicked"))?
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((sent?, read))
+        })?;
+        self.tap.set_nonblocking(true)?;
+        let drained = (0..self.queues)
+            .map(|queue| drain_until_quiet(self.tap.queue_fd(queue), Duration::from_secs(10)))
+            .collect::<Result<_>>()?;
+        Ok(Driven {
+            sent,
+            read,
+            drained,
+        })
+    }
 }
 
 fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {

@@ -12,16 +12,6 @@ use tap_probe::lab::{NamedNetns, run_in};
 use tap_probe::lab::{RootQdisc, Rtnl};
 use tap_probe::lab::{Tap, TapOptions};
 
-/// Privileged tests need root; elsewhere they say so and pass.
-pub(crate) fn skip_unless_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        false
-    } else {
-        eprintln!("skipping test - not root");
-        true
-    }
-}
-
 /// A namespace name no other test or run uses.
 pub(crate) fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);

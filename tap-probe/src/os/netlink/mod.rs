@@ -47,7 +47,7 @@ mod tests {
 
     #[test]
     fn links_veth_and_qdiscs_match_iproute2() {
-        if !crate::test_support::root() {
+        if !crate::lab::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnl-{}", std::process::id())).unwrap();
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn tap_kind_queues_and_stats() {
-        if !crate::test_support::root() {
+        if !crate::lab::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnlt-{}", std::process::id())).unwrap();
