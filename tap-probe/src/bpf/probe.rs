@@ -69,7 +69,7 @@ pub(crate) struct Probe {
 
 impl Probe {
     /// As [`Probe::attach_backend`] with `auto`, and the programs also emit per-packet
-    /// [`TraceEvent`]s into the ring buffer that [`Probe::take_events`] hands out.
+    /// [`tap_probe_common::TraceEvent`]s into the ring buffer that [`Probe::take_events`] hands out.
     ///
     /// # Errors
     /// As [`Probe::attach_backend`].

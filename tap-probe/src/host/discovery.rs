@@ -90,7 +90,7 @@ pub struct Filter {
 /// Scans the host for devices, keeping one rtnetlink socket per namespace between scans.
 ///
 /// A cached socket keeps its namespace alive; sockets of namespaces that no longer show
-/// up in [`netns::list`] are closed at the next scan so that deleted namespaces can go.
+/// up in `netns::list` are closed at the next scan so that deleted namespaces can go.
 #[derive(Debug)]
 pub struct Discovery {
     globs: Option<GlobSet>,

@@ -38,7 +38,7 @@ struct Pending {
     ev: EventBits,
 }
 
-/// `trace_file::Event` with an ordering, for the heap.
+/// `tap_probe_trace::Event` with an ordering, for the heap.
 #[derive(PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
 struct EventBits {
     device: u16,

@@ -20,7 +20,7 @@ pub struct KernelDeltas {
 }
 
 /// One device queue in one refresh. Its values are read through [`Row::value`], by the
-/// descriptors of [`METRICS`]; the outputs iterate those.
+/// descriptors of [`tap_probe_common::METRICS`]; the outputs iterate those.
 #[derive(Clone, Debug)]
 pub struct Row {
     pub ifname: String,

@@ -61,7 +61,8 @@ impl Watcher {
         self.0.host.probe.sources()
     }
 
-    /// Rescans the host and reads every counter (see [`Tracker::refresh`]).
+    /// Rescans the host, tracks new devices, retires vanished ones (reported once more,
+    /// marked), and reads every counter.
     ///
     /// # Errors
     /// When the scan or a map read fails.

@@ -34,7 +34,8 @@ pub(crate) fn load_vmlinux() -> Result<Btf> {
 }
 
 /// Reads every BTF-derived field of [`KernelFacts`] from `btf`. `reader_ranges` is left empty
-/// (`reader_range_count == 0`): it comes from kallsyms, see [`crate::kernel::kallsyms::reader_ranges`].
+/// (`reader_range_count == 0`): it comes from kallsyms, see
+/// [`crate::kernel::kallsyms::Kallsyms::reader_ranges`].
 ///
 /// # Errors
 /// Names the type or member that is missing, is a bitfield, or is not byte aligned.

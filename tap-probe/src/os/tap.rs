@@ -47,7 +47,7 @@ pub struct Tap {
 impl Tap {
     /// Creates the device in the calling thread's network namespace (run this inside
     /// [`crate::os::netns::run_in`] to create it elsewhere). `name` may be a pattern such as
-    /// `tap%d`; [`Tap::name`] gives the name the kernel chose.
+    /// `tap%d`; `Tap::name` gives the name the kernel chose.
     ///
     /// # Errors
     /// When `/dev/net/tun` is missing, the name is taken by a device of another kind, or

@@ -11,7 +11,7 @@
 //! Produced slots are set to NULL in the order they were filled, so the non-NULL slots are always
 //! the contiguous run starting at `consumer_tail`; this model keeps the length of that run
 //! (`filled`) instead of scanning an array, which makes every operation O(1) with the exact
-//! outcomes of the kernel's code ([`super::reference`] checks that against a literal
+//! outcomes of the kernel's code (`super::reference` checks that against a literal
 //! transcription of the C).
 
 /// `SMP_CACHE_BYTES * 2 / sizeof(void *)` on x86-64 (64-byte cache lines).
