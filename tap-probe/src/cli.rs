@@ -101,8 +101,8 @@ impl DeviceArgs {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// The root qdisc `load` and `demo` install on their tap (`--qdisc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum QdiscArg {
     Noqueue,
     PfifoFast,

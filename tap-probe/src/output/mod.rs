@@ -1,6 +1,10 @@
-//! The one way results reach stdout. A reader that went away (`tap-probe ... | head`)
-//! makes writes fail with `EPIPE` (Rust ignores SIGPIPE); that is [`StdoutClosed`], which
-//! ends the program quietly instead of with an error or a panic.
+//! What tap-probe shows: tables for people (`table`), JSON for programs (`json`), the
+//! Prometheus exposition (`prometheus`), and [`Output`], which shows `watch`'s refreshes in
+//! the chosen format.
+//!
+//! [`stdout`] is the one way results reach stdout. A reader that went away (`tap-probe ...
+//! | head`) makes writes fail with `EPIPE` (Rust ignores SIGPIPE); that is
+//! [`StdoutClosed`], which ends the program quietly instead of with an error or a panic.
 
 pub(crate) mod json;
 pub(crate) mod prometheus;
