@@ -1,171 +1,30 @@
-//! Types shared by the eBPF programs and the userspace loader.
+//! Types shared by the eBPF programs and the userspace loader: the counter table
+//! (`counters`), the maps' keys and values (`maps`), the kernel's facts (`facts`), the
+//! per-packet events (`events`) and the names of maps, globals and programs (`names`).
 //!
 //! Everything here is `#[repr(C)]` with explicit padding so both sides agree on the layout
 //! byte for byte; the `user` feature adds the `aya::Pod` impls the loader needs.
-#![no_std]
+#![cfg_attr(not(test), no_std)]
 
-/// Queue slots the counter map holds. A device takes as many consecutive slots as it has
-/// transmit queues; see [`DeviceSlot`].
-pub const MAX_QUEUE_SLOTS: u32 = 16384;
-/// Queues counted per device; a multi-queue tap allocates 256 (`MAX_TAP_QUEUES`) but uses as
-/// many as it has readers.
-pub const MAX_QUEUES_PER_DEVICE: u32 = 64;
-/// Devices tracked at once.
-pub const MAX_DEVICES: u32 = 1024;
-/// (queue slot, drop reason) pairs counted at once.
-pub const MAX_DROP_KEYS: u32 = 8192;
-/// Address ranges of the kernel functions that free an skb after the tap reader copied it.
-pub const MAX_READER_RANGES: usize = 8;
+mod counters;
+mod events;
+mod facts;
+mod maps;
+mod names;
 
-pub const MAP_DEVICES: &str = "DEVICES";
-pub const MAP_COUNTERS: &str = "COUNTERS";
-pub const MAP_DROP_REASONS: &str = "DROP_REASONS";
-pub const MAP_QUEUE_STATE: &str = "QUEUE_STATE";
-pub const MAP_IN_FLIGHT: &str = "IN_FLIGHT";
-pub const MAP_READERS: &str = "READERS";
-pub const GLOBAL_KERNEL: &str = "KERNEL";
-
-/// The tracepoint programs of the host backend, with the tracepoint each attaches to.
-pub const PROG_START_XMIT: (&str, &str) = ("net_dev_start_xmit", "net_dev_start_xmit");
-pub const PROG_XMIT: (&str, &str) = ("net_dev_xmit", "net_dev_xmit");
-pub const PROG_KFREE_SKB: (&str, &str) = ("kfree_skb", "kfree_skb");
-pub const PROG_CONSUME_SKB: (&str, &str) = ("consume_skb", "consume_skb");
-pub const PROG_QDISC_DEQUEUE: (&str, &str) = ("qdisc_dequeue", "qdisc_dequeue");
-/// The XDP program that emulates a slow reader on a veth peer, and its hold time global.
-pub const PROG_SLOW_CONSUMER: &str = "slow_consumer";
-pub const GLOBAL_SLOW_CONSUMER_NS: &str = "SLOW_CONSUMER_NS";
-
-/// A network device as the kernel names it across namespaces: the inode number of its
-/// network namespace (what `/proc/PID/ns/net` shows) and its ifindex there.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeviceKey {
-    pub netns: u32,
-    pub ifindex: u32,
-}
-
-/// Where a tracked device's counters live: slots `base .. base + queues` of `COUNTERS`.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceSlot {
-    pub base: u32,
-    pub queues: u32,
-}
-
-/// Counters of one transmit queue of one device, per CPU in the map; the loader sums CPUs.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct QueueCounters {
-    /// Calls into the driver's `ndo_start_xmit` (every `net:net_dev_xmit`).
-    pub xmit_calls: u64,
-    /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
-    pub enqueued: u64,
-    /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
-    pub busy: u64,
-    /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
-    pub dropped_full_ring: u64,
-    /// Freed inside the driver for any other reason (broken down in `DROP_REASONS`), or a
-    /// driver return code that is neither OK nor BUSY.
-    pub dropped_other: u64,
-    /// Packets the reader copied out of the ring and released (`consume_skb` from the tun/tap
-    /// read path).
-    pub consumed: u64,
-    /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit, as observed.
-    pub queue_stops: u64,
-    pub queue_wakes: u64,
-    /// Nanoseconds spent stopped, summed over completed stop..wake intervals.
-    pub stopped_ns: u64,
-    /// Times the queue's reader slept between two packets it took: the growth of the
-    /// reader thread's voluntary context switches (`task_struct.nvcsw`) from one take to the
-    /// next. Each is a read that found the ring empty and waited, ended by one wake-up, so
-    /// `reader_sleeps / consumed` is the wake-ups per packet delivered.
-    pub reader_sleeps: u64,
-}
-
-/// The last reader of a queue, at its last take: whose voluntary context switches to
-/// compare at its next take. Shared across CPUs, since a reader thread migrates.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReaderState {
-    /// The reader's `task_struct` address; 0 before the first take.
-    pub task: u64,
-    /// Its `task_struct.nvcsw` at that take.
-    pub nvcsw: u64,
-}
-
-/// Pseudo drop reason for a driver return code that is neither `NETDEV_TX_OK` nor
-/// `NETDEV_TX_BUSY` (the skb's fate is then the driver's business, but it was not taken).
-pub const DROP_REASON_XMIT_ERROR: u32 = u32::MAX;
-
-/// Key of the drop-reason breakdown: a queue slot and an `enum skb_drop_reason` value.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct DropKey {
-    pub slot: u32,
-    pub reason: u32,
-}
-
-/// A driver call in progress on this CPU, between `net_dev_start_xmit` and `net_dev_xmit`.
-/// The transmit path runs with bottom halves disabled, so the pair cannot interleave with
-/// another transmit on the same CPU except by nesting (a tracked device transmitting on a
-/// tracked device), which no tun/tap/veth does.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default)]
-pub struct InFlight {
-    pub skb: u64,
-    pub dev: u64,
-    pub key: DeviceKey,
-    pub slot: u32,
-    pub queue: u16,
-    /// Set once `kfree_skb` saw this skb freed inside the driver.
-    pub dropped: u16,
-}
-
-/// A half-open range `[start, end)` of kernel text.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct TextRange {
-    pub start: u64,
-    pub end: u64,
-}
-
-/// What the programs need to know about the running kernel, read from its BTF and kallsyms
-/// by the loader and written into the object's `.rodata` before load. Nothing here is a
-/// constant of one kernel version.
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelFacts {
-    /// `offsetof(struct sk_buff, dev)`.
-    pub skb_dev: u32,
-    /// `offsetof(struct sk_buff, queue_mapping)` (a `__u16`).
-    pub skb_queue_mapping: u32,
-    /// `offsetof(struct net_device, ifindex)`.
-    pub dev_ifindex: u32,
-    /// `offsetof(struct net_device, nd_net) + offsetof(possible_net_t, net)`.
-    pub dev_net: u32,
-    /// `offsetof(struct net, ns) + offsetof(struct ns_common, inum)`.
-    pub net_inum: u32,
-    /// `offsetof(struct net_device, _tx)`.
-    pub dev_tx: u32,
-    /// `sizeof(struct netdev_queue)`.
-    pub txq_size: u32,
-    /// `offsetof(struct netdev_queue, state)`.
-    pub txq_state: u32,
-    /// `offsetof(struct netdev_queue, dev)`.
-    pub txq_dev: u32,
-    /// `SKB_DROP_REASON_FULL_RING`.
-    pub reason_full_ring: u32,
-    /// `NETDEV_TX_BUSY`.
-    pub tx_busy: u32,
-    /// `1 << __QUEUE_STATE_DRV_XOFF`, as a mask of `netdev_queue.state`.
-    pub drv_xoff_mask: u32,
-    /// `offsetof(struct task_struct, nvcsw)` (an `unsigned long`).
-    pub task_nvcsw: u32,
-    /// Number of valid entries in `reader_ranges`.
-    pub reader_range_count: u32,
-    /// Kernel functions from which `consume_skb` means "the tap reader took this packet".
-    pub reader_ranges: [TextRange; MAX_READER_RANGES],
-}
+pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Source, Unit};
+pub use events::{EVENTS_RING_BYTES, EventKind, TraceEvent};
+pub use facts::{KernelFacts, TextRange};
+pub use maps::{
+    DROP_REASON_XMIT_ERROR, DeviceCache, DeviceKey, DeviceSlot, DropKey, InFlight, MAX_DEVICES,
+    MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, MAX_READER_RANGES, ReaderState,
+};
+pub use names::{
+    GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SLOW_CONSUMER_NS, MAP_COUNTERS, MAP_DEVICES,
+    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE, MAP_READERS,
+    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_SLOW_CONSUMER,
+    PROG_START_XMIT, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+};
 
 #[cfg(feature = "user")]
 mod pod {
@@ -183,86 +42,4 @@ mod pod {
     unsafe impl aya::Pod for ReaderState {}
     unsafe impl aya::Pod for KernelFacts {}
     unsafe impl aya::Pod for TraceEvent {}
-}
-
-/// Per-packet events for `tap-probe record`, written to the `EVENTS` ring buffer when the
-/// loader sets `RECORD_EVENTS` to 1.
-pub const MAP_EVENTS: &str = "EVENTS";
-/// Per-CPU count of events that did not fit in `EVENTS` (never silent).
-pub const MAP_EVENTS_LOST: &str = "EVENTS_LOST";
-pub const GLOBAL_RECORD_EVENTS: &str = "RECORD_EVENTS";
-/// Size of the `EVENTS` ring buffer in bytes (a power of two, a multiple of the page size).
-pub const EVENTS_RING_BYTES: u32 = 16 << 20;
-
-/// What happened to a packet or a queue.
-#[repr(u32)]
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    /// The driver took the packet into its ring.
-    Enqueued = 1,
-    /// Freed inside the driver because the ring was full.
-    DroppedFullRing = 2,
-    /// The driver returned `NETDEV_TX_BUSY`.
-    Busy = 3,
-    /// The reader took the packet out of the ring.
-    Consumed = 4,
-    QueueStop = 5,
-    QueueWake = 6,
-    /// Freed inside the driver for another reason (`TraceEvent::reason`).
-    DroppedOther = 7,
-}
-
-impl EventKind {
-    #[must_use]
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        Some(match v {
-            1 => Self::Enqueued,
-            2 => Self::DroppedFullRing,
-            3 => Self::Busy,
-            4 => Self::Consumed,
-            5 => Self::QueueStop,
-            6 => Self::QueueWake,
-            7 => Self::DroppedOther,
-            _ => return None,
-        })
-    }
-}
-
-/// One event, as the eBPF side writes it (32 bytes).
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct TraceEvent {
-    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`).
-    pub ts_ns: u64,
-    pub netns: u32,
-    pub ifindex: u32,
-    pub queue: u16,
-    pub cpu: u16,
-    /// An [`EventKind`].
-    pub kind: u32,
-    /// `enum skb_drop_reason` for `DroppedOther`, 0 otherwise.
-    pub reason: u32,
-    pub reserved: u32,
-}
-
-/// The kprobe backend's programs.
-pub const PROG_XMIT_ENTRY: &str = "xmit_entry";
-pub const PROG_XMIT_RETURN: &str = "xmit_return";
-pub const PROG_CONSUME_ENTRY: &str = "consume_entry";
-
-/// Bumped by the loader after every change to `DEVICES`: invalidates `DeviceCache`s.
-pub const MAP_GENERATION: &str = "GENERATION";
-
-/// The last device a CPU looked up, so consecutive packets of one device skip the hash
-/// lookup and two of the three reads behind it. Valid while `generation` is current and
-/// the device at `dev` still has `key.ifindex` (ifindexes are not reused at once).
-#[repr(C)]
-#[derive(Copy, Clone, Debug, Default)]
-pub struct DeviceCache {
-    pub dev: u64,
-    pub generation: u64,
-    pub key: DeviceKey,
-    pub base: u32,
-    /// 0 when the device is not tracked (a negative entry).
-    pub queues: u32,
 }

@@ -80,9 +80,11 @@ impl Apt {
         let changed = std::fs::read_to_string(&list).ok().as_deref() != Some(sources.as_str());
         std::fs::write(&list, &sources).with_context(|| format!("writing {}", list.display()))?;
         let apt = Self { root, config };
-        if changed || stale(&apt.root.join("lists")) {
+        let stamp = apt.root.join("updated");
+        if changed || stale(&stamp) {
             cmd::run(apt.command("apt-get").args(["update", "-q"]))
                 .with_context(|| format!("updating the {} package lists", channel.name()))?;
+            std::fs::write(&stamp, "")?;
         }
         Ok(apt)
     }
@@ -326,15 +328,13 @@ pub fn unpack(deb: &Path, dir: &Path) -> anyhow::Result<()> {
 /// Lists older than this are refreshed.
 const LISTS_MAX_AGE: std::time::Duration = std::time::Duration::from_hours(24);
 
-fn stale(lists: &Path) -> bool {
-    let newest = std::fs::read_dir(lists)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter(|entry| entry.file_name().to_string_lossy().ends_with("_Packages"))
-        .filter_map(|entry| entry.metadata().ok()?.modified().ok())
-        .max();
-    newest.is_none_or(|time| time.elapsed().is_ok_and(|age| age > LISTS_MAX_AGE))
+/// Whether the lists were last updated (`stamp` written) more than a day ago, or never.
+fn stale(stamp: &Path) -> bool {
+    std::fs::metadata(stamp)
+        .and_then(|meta| meta.modified())
+        .map_or(true, |time| {
+            time.elapsed().is_ok_and(|age| age > LISTS_MAX_AGE)
+        })
 }
 
 /// Debian version order (`dpkg --compare-versions`), enough for kernel versions: epoch,

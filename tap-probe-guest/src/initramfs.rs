@@ -34,7 +34,7 @@ enum Entry {
 /// The archive's entries by path (relative, no leading `/`). Sorted order puts every
 /// directory before what it holds, which the kernel's unpacker needs.
 #[derive(Debug, Default)]
-pub struct Archive {
+pub(crate) struct Archive {
     entries: BTreeMap<String, Entry>,
 }
 
@@ -46,14 +46,14 @@ fn relative(path: &str) -> String {
 
 impl Archive {
     /// A directory (and its parents).
-    pub fn dir(&mut self, path: &str) {
+    pub(crate) fn dir(&mut self, path: &str) {
         let path = relative(path);
         self.parents(&path);
         self.entries.entry(path).or_insert(Entry::Dir);
     }
 
     /// A regular file with the contents of the host file `source`.
-    pub fn host_file(&mut self, path: &str, source: &Path, mode: u32) {
+    pub(crate) fn host_file(&mut self, path: &str, source: &Path, mode: u32) {
         self.insert(
             path,
             Entry::HostFile {
@@ -64,7 +64,7 @@ impl Archive {
     }
 
     /// A regular file with contents `data`.
-    pub fn bytes(&mut self, path: &str, data: impl Into<Vec<u8>>, mode: u32) {
+    pub(crate) fn bytes(&mut self, path: &str, data: impl Into<Vec<u8>>, mode: u32) {
         self.insert(
             path,
             Entry::Bytes {
@@ -75,7 +75,7 @@ impl Archive {
     }
 
     /// A symbolic link to `target`.
-    pub fn symlink(&mut self, path: &str, target: &str) {
+    pub(crate) fn symlink(&mut self, path: &str, target: &str) {
         self.insert(
             path,
             Entry::Symlink {
@@ -106,7 +106,7 @@ impl Archive {
     /// # Errors
     /// If a host file cannot be read, is too large for the format, or `out` cannot be
     /// written.
-    pub fn write(&self, out: &Path) -> anyhow::Result<u64> {
+    pub(crate) fn write(&self, out: &Path) -> anyhow::Result<u64> {
         let file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
         let mut writer = Writer {
             out: BufWriter::with_capacity(1 << 20, file),

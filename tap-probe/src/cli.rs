@@ -1,7 +1,12 @@
-//! Command-line interface: the top-level command and its dispatch. Each subcommand's
-//! arguments live in its own module.
+//! Command-line interface: the top-level command, its dispatch, and what several
+//! subcommands share (the output format, durations, device filters). Each subcommand's own
+//! arguments live with it.
+
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+
+use crate::os::netlink::RootQdisc;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -9,39 +14,214 @@ use clap::{Parser, Subcommand};
     version,
     about = "Count what happens to packets on the transmit path of tun/tap devices"
 )]
-pub struct Cli {
+struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+enum Command {
     /// Attach to the running host and show per-device, per-queue transmit counters.
-    Watch(crate::watch::Args),
+    Watch(crate::cmd::watch::Args),
     /// Run a self-contained demonstration in a private network namespace.
-    Demo(crate::demo::Args),
+    Demo(crate::cmd::demo::Args),
     /// Report what this kernel allows and which probe backend would be used.
-    Doctor(crate::doctor::Args),
+    Doctor(crate::cmd::doctor::Args),
     /// Drive bounded traffic through a fresh tap in a private namespace and report rates.
-    Load(crate::load::Args),
+    Load(crate::cmd::load::Args),
     /// Record per-packet transmit events of tun/tap devices to a trace file.
-    Record(crate::record::Args),
+    Record(crate::cmd::record::Args),
     /// Replay a trace (or a synthetic workload) under each queue policy: what would the
     /// patched kernel have done?
-    Replay(crate::replay_cmd::Args),
+    Replay(crate::cmd::replay::Args),
+    /// Boot a kernel in a QEMU guest and run `tap-probe ARGS` there: its output and exit
+    /// status are this command's.
+    Vm(crate::cmd::vm::Args),
 }
 
-/// Runs the chosen subcommand.
+/// The whole program: logging to stderr (`RUST_LOG`, warnings by default), the command
+/// line, the subcommand, and an exit code. A reader of stdout that went away (`| head`)
+/// ends the program quietly and successfully, as it does other command-line tools.
+#[must_use]
+pub fn main() -> std::process::ExitCode {
+    // aya warns on every program load where it cannot parse the kernel release (Debian's
+    // `7.3-cloud-amd64` has no patch level); it needs the version only for kprobes on
+    // kernels before 5.0, which tap-probe does not run on (it needs BTF).
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn,aya::util=error"),
+    )
+    .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) if crate::output::is_closed_stdout(&err) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("tap-probe: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the chosen subcommand and returns its exit code: success, or the code a
+/// subcommand chose (`vm` passes on the guest's).
 ///
 /// # Errors
 /// Whatever the subcommand reports.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    let success = |()| std::process::ExitCode::SUCCESS;
     match cli.command {
-        Command::Watch(args) => crate::watch::run(&args),
-        Command::Demo(args) => crate::demo::run(&args),
-        Command::Doctor(args) => crate::doctor::run(&args),
-        Command::Load(args) => crate::load::run(&args),
-        Command::Record(args) => crate::record::run(&args),
-        Command::Replay(args) => crate::replay_cmd::run(&args),
+        Command::Watch(args) => crate::cmd::watch::run(&args).map(success),
+        Command::Demo(args) => crate::cmd::demo::run(&args).map(success),
+        Command::Doctor(args) => crate::cmd::doctor::run(&args).map(success),
+        Command::Load(args) => crate::cmd::load::run(&args).map(success),
+        Command::Record(args) => crate::cmd::record::run(&args).map(success),
+        Command::Replay(args) => crate::cmd::replay::run(&args).map(success),
+        Command::Vm(args) => crate::cmd::vm::run(&args),
+    }
+}
+
+/// How a subcommand prints its results (`--format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    /// Aligned text for people (`watch` redraws it in place on a terminal).
+    #[default]
+    Table,
+    /// JSON for programs (`watch`: one object per line and refresh).
+    Json,
+}
+
+/// Which devices to watch or record (`--dev`, `--netns`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DeviceArgs {
+    /// Devices whose name matches GLOB (repeatable; default: every tun, tap, veth and
+    /// macvtap device).
+    #[arg(long = "dev", value_name = "GLOB")]
+    pub(crate) devs: Vec<String>,
+    /// Only devices in network namespaces whose name matches NAME (a glob; "init" is the
+    /// host's own, named ones as in `ip netns list`, others `pid:N`).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) netns: Option<String>,
+}
+
+impl DeviceArgs {
+    #[must_use]
+    pub(crate) fn filter(&self) -> crate::host::discovery::Filter {
+        crate::host::discovery::Filter {
+            globs: self.devs.clone(),
+            netns: self.netns.clone(),
+        }
+    }
+}
+
+/// The root qdisc `load` and `demo` install on their tap (`--qdisc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum QdiscArg {
+    Noqueue,
+    PfifoFast,
+    Pfifo,
+}
+
+impl From<QdiscArg> for RootQdisc {
+    fn from(q: QdiscArg) -> Self {
+        match q {
+            QdiscArg::Noqueue => Self::Noqueue,
+            QdiscArg::PfifoFast => Self::PfifoFast,
+            QdiscArg::Pfifo => Self::Pfifo { limit: None },
+        }
+    }
+}
+
+/// The longest duration any flag takes: a year. More is a typo rather than an intent.
+const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
+
+/// The shortest refresh interval. A refresh scans `/proc` and every network namespace and
+/// reads the maps; much more often than this and the loop would do nothing else.
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A duration in seconds (`--duration 2.5`), more than zero.
+///
+/// # Errors
+/// Not a number, not above zero, or more than a year.
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    seconds(text, Duration::ZERO, false)
+}
+
+/// A duration in seconds that may be zero (`--start-delay 0`).
+///
+/// # Errors
+/// Not a number, negative, or more than a year.
+pub(crate) fn delay(text: &str) -> Result<Duration, String> {
+    seconds(text, Duration::ZERO, true)
+}
+
+/// A refresh interval in seconds, at least [`MIN_INTERVAL`].
+///
+/// # Errors
+/// Not a number, shorter than [`MIN_INTERVAL`], or more than a year.
+pub(crate) fn interval(text: &str) -> Result<Duration, String> {
+    seconds(text, MIN_INTERVAL, true)
+}
+
+/// The one parser of seconds: a finite number from `min` (inclusive or not) to a year.
+fn seconds(text: &str, min: Duration, min_included: bool) -> Result<Duration, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    let duration = Duration::try_from_secs_f64(value)
+        .map_err(|_| format!("{text} is not a number of seconds from 0 to a year"))?;
+    if duration > MAX_DURATION {
+        return Err(format!("{text} s is more than a year"));
+    }
+    let too_short = if min_included {
+        duration < min
+    } else {
+        duration <= min
+    };
+    if too_short {
+        return Err(if min.is_zero() {
+            format!("{text} s: give a number of seconds above 0")
+        } else {
+            format!(
+                "{text} s is shorter than {} s: a refresh scans every namespace, so shorter \
+                 intervals would leave no time for anything else",
+                min.as_secs_f64()
+            )
+        });
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_bounded_once() {
+        assert_eq!(duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(duration(" 1 "), Ok(Duration::from_secs(1)));
+        assert!(duration("0").unwrap_err().contains("above 0"));
+        assert!(duration("-1").is_err());
+        assert!(duration("nan").is_err());
+        assert!(duration("inf").is_err());
+        assert!(duration("1e9").unwrap_err().contains("more than a year"));
+        assert!(duration("abc").unwrap_err().contains("not a number"));
+        assert_eq!(delay("0"), Ok(Duration::ZERO));
+        assert!(delay("-0.5").is_err());
+    }
+
+    #[test]
+    fn interval_has_a_floor() {
+        assert_eq!(interval("0.01"), Ok(MIN_INTERVAL));
+        assert_eq!(interval("0.5"), Ok(Duration::from_millis(500)));
+        let err = interval("1e-12").unwrap_err();
+        assert!(err.contains("shorter than 0.01 s"), "{err}");
+        assert!(interval("0").is_err());
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
     }
 }

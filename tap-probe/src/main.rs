@@ -1,13 +1,10 @@
-use clap::Parser as _;
+//! The `tap-probe` binary: everything is in the library, so the integration tests and the
+//! fuzz target reach the same code.
+#![expect(
+    unused_crate_dependencies,
+    reason = "the library uses the package's dependencies; the binary only calls it"
+)]
 
 fn main() -> std::process::ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = tap_probe::cli::Cli::parse();
-    match tap_probe::cli::run(cli) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("tap-probe: error: {err:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    tap_probe::main()
 }

@@ -1,16 +1,20 @@
 //! `NETDEV_TX_BUSY`, queue stops and wakes, on a veth whose peer reads slowly: veth has had
 //! the stop/wake backpressure that the tun series adds since upstream commit dc82a33297fc,
 //! so it is this kernel's test bed for those counters.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use tap_probe::discovery::Filter;
-use tap_probe::netlink::{QdiscStats, RootQdisc, Rtnl};
-use tap_probe::netns::run_in;
-use tap_probe::slow_consumer::SlowConsumer;
-use tap_probe::traffic::{self, SenderConfig};
+use tap_probe::lab::Filter;
+use tap_probe::lab::SlowConsumer;
+use tap_probe::lab::run_in;
+use tap_probe::lab::{self, SenderConfig};
+use tap_probe::lab::{QdiscStats, RootQdisc, Rtnl};
 
 const FRAMES: u64 = 20_000;
 /// Per packet on the peer: about 5 kpps, far below what one sender pushes even in an
@@ -19,7 +23,7 @@ const HOLD_NS: u64 = 200_000;
 
 #[test]
 fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("bp").unwrap();
@@ -54,16 +58,16 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
         batch: 1,
         ..SenderConfig::new(ifindex, FRAMES, Duration::from_secs(20))
     };
-    let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+    let sent = run_in(ns.path(), || lab::send(&cfg)).unwrap();
     let after = settle(&qdisc);
 
     let mut rows = Vec::new();
     for (backend, w) in &mut watchers {
         let end = w.refresh().unwrap();
         let row = end.rows[0].clone();
-        if row.busy == 0
-            && row.dropped_other > 0
-            && row.xmit_calls == row.enqueued + row.dropped_other
+        if row.counters.busy == 0
+            && row.counters.dropped_other > 0
+            && row.counters.xmit_calls == row.counters.enqueued + row.counters.dropped_other
         {
             // This kernel's veth drops when its ring is full instead of pushing back: it
             // predates upstream commit dc82a33297fc. The drops show the ring did fill.
@@ -77,33 +81,36 @@ fn veth_busy_matches_qdisc_requeues_and_stops_pair_with_wakes() {
             end.sources
         );
         assert!(
-            row.busy > 0,
+            row.counters.busy > 0,
             "{backend:?}: the veth ring never filled: this run proves nothing"
         );
         assert_eq!(
-            row.busy,
+            row.counters.busy,
             after.requeues - before.requeues,
             "{backend:?}: every NETDEV_TX_BUSY is one requeue"
         );
         assert_eq!(
-            row.xmit_calls,
-            row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+            row.counters.xmit_calls,
+            row.counters.enqueued
+                + row.counters.busy
+                + row.counters.dropped_full_ring
+                + row.counters.dropped_other,
             "{backend:?}: every driver call ends enqueued, busy or dropped"
         );
         assert_eq!(
-            row.enqueued, sent.sent,
+            row.counters.enqueued, sent.sent,
             "{backend:?}: with a qdisc nothing accepted is lost"
         );
         assert!(
-            row.queue_stops > 0,
+            row.counters.queue_stops > 0,
             "{backend:?}: BUSY without a stop: {row:?}"
         );
         assert_eq!(
-            row.queue_wakes, row.queue_stops,
+            row.counters.queue_wakes, row.counters.queue_stops,
             "{backend:?}: the queue runs again once drained"
         );
         assert!(!row.stopped, "{backend:?}");
-        assert!(row.stopped_ns > 0, "{backend:?}");
+        assert!(row.counters.stopped_ns > 0, "{backend:?}");
         rows.push((*backend, row));
     }
     common::assert_backends_agree(&rows);

@@ -1,22 +1,25 @@
 //! Our counters against the kernel's own, exactly, on a real tap with a slow reader; under
 //! every backend this kernel runs, attached at once to the same traffic.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tap_probe::discovery::Filter;
-use tap_probe::netlink::{RootQdisc, Rtnl};
-use tap_probe::netns::run_in;
-use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::Filter;
+use tap_probe::lab::run_in;
+use tap_probe::lab::{self, Drive, ReaderConfig, SenderConfig};
+use tap_probe::lab::{RootQdisc, Rtnl};
 
 /// Frames sent; the tap's ring holds `tx_queue_len` entries (1000 by default), the reader
 /// takes a few thousand per second, so most of these are tail-dropped on a stock kernel.
 const FRAMES: u64 = 20_000;
 
 fn tap_with_slow_reader(qdisc: RootQdisc) {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("exact").unwrap();
@@ -37,30 +40,27 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
     }
     let qdisc_before = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
-    let stop = AtomicBool::new(false);
-    let sent = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let cfg = ReaderConfig {
-                pps: Some(4_000),
-                deadline: Duration::from_secs(30),
-                max_packets: None,
-            };
-            traffic::read(tap.queue_fd(0), &cfg, &stop)
-        });
+    let sent = Drive {
+        netns: ns.path(),
+        tap: &tap,
         // One frame per sendmsg: sendmmsg drops the error of a frame that failed mid-batch
         // (tun answers a full ring with NET_XMIT_DROP, ENOBUFS to the sender), which would
         // blur the count of driver calls.
-        let cfg = SenderConfig {
+        sender: SenderConfig {
             batch: 1,
-            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
-        };
-        let sent = run_in(ns.path(), || traffic::send(&cfg));
-        stop.store(true, Ordering::Relaxed);
-        reader.join().unwrap().unwrap();
-        sent.unwrap()
-    });
-    tap.set_nonblocking(true).unwrap();
-    traffic::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
+            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: Some(4_000),
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap()
+    .sent;
     let qdisc_after = run_in(ns.path(), || Rtnl::open()?.root_qdisc_stats(tap.ifindex())).unwrap();
 
     let mut rows = Vec::new();
@@ -69,43 +69,53 @@ fn tap_with_slow_reader(qdisc: RootQdisc) {
         let row = end.rows[0].clone();
         eprintln!("{backend:?} ({}):\n{row:#?}", end.sources);
         assert!(
-            row.dropped_full_ring > 0,
+            row.counters.dropped_full_ring > 0,
             "{backend:?}: the ring never filled: this run proves nothing"
         );
-        assert!(row.consumed > 0, "{backend:?}: the reader took nothing");
+        assert!(
+            row.counters.consumed > 0,
+            "{backend:?}: the reader took nothing"
+        );
         assert_eq!(
-            row.dropped_full_ring, row.kernel.tx_dropped,
+            row.counters.dropped_full_ring, row.kernel.tx_dropped,
             "{backend:?}: ring-full drops vs kernel tx_dropped"
         );
         assert_eq!(
-            row.consumed, row.kernel.tx_packets,
+            row.counters.consumed, row.kernel.tx_packets,
             "{backend:?}: consumed vs kernel tx_packets"
         );
         assert_eq!(
-            row.xmit_calls,
-            row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+            row.counters.xmit_calls,
+            row.counters.enqueued
+                + row.counters.busy
+                + row.counters.dropped_full_ring
+                + row.counters.dropped_other,
             "{backend:?}: every driver call ends enqueued, busy or dropped"
         );
         assert_eq!(
-            row.enqueued, row.consumed,
+            row.counters.enqueued, row.counters.consumed,
             "{backend:?}: after the drain the ring is empty"
         );
         assert_eq!(
-            row.busy, 0,
+            row.counters.busy, 0,
             "{backend:?}: a stock tun never returns NETDEV_TX_BUSY"
         );
-        assert_eq!(row.dropped_other, 0, "{backend:?}: {:?}", row.drop_reasons);
+        assert_eq!(
+            row.counters.dropped_other, 0,
+            "{backend:?}: {:?}",
+            row.drop_reasons
+        );
         match qdisc {
             // Without a qdisc every send is one driver call, and a ring-full drop is the
             // sender's ENOBUFS.
             RootQdisc::Noqueue => {
-                assert_eq!(row.xmit_calls, FRAMES, "{backend:?}");
+                assert_eq!(row.counters.xmit_calls, FRAMES, "{backend:?}");
                 assert_eq!(sent.sent + sent.enobufs, FRAMES);
-                assert_eq!(row.dropped_full_ring, sent.enobufs, "{backend:?}");
+                assert_eq!(row.counters.dropped_full_ring, sent.enobufs, "{backend:?}");
             }
             // With one, the qdisc counts what it handed the driver.
             _ => assert_eq!(
-                row.xmit_calls,
+                row.counters.xmit_calls,
                 qdisc_after.packets - qdisc_before.packets,
                 "{backend:?}"
             ),
@@ -153,7 +163,7 @@ fn voluntary_switches(status: &std::fs::File) -> u64 {
 /// when the ring is empty, so the two must be equal.
 #[test]
 fn reader_sleeps_match_the_readers_context_switches() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("sleep").unwrap();
@@ -194,7 +204,7 @@ fn reader_sleeps_match_the_readers_context_switches() {
             pps: Some(2_000),
             ..SenderConfig::new(tap.ifindex(), PACED_FRAMES, Duration::from_secs(20))
         };
-        let sent = run_in(ns.path(), || traffic::send(&cfg)).unwrap();
+        let sent = run_in(ns.path(), || lab::send(&cfg)).unwrap();
         let (reads, switches) = reader.join().unwrap().unwrap();
         (reads, switches, sent)
     });
@@ -209,10 +219,10 @@ fn reader_sleeps_match_the_readers_context_switches() {
     for (backend, w) in &mut watchers {
         let row = w.refresh().unwrap().rows[0].clone();
         eprintln!("{backend:?}: {row:#?}");
-        assert_eq!(row.consumed, reads, "{backend:?}");
-        assert_eq!(row.consumed, row.kernel.tx_packets, "{backend:?}");
+        assert_eq!(row.counters.consumed, reads, "{backend:?}");
+        assert_eq!(row.counters.consumed, row.kernel.tx_packets, "{backend:?}");
         assert_eq!(
-            row.reader_sleeps, switches,
+            row.counters.reader_sleeps, switches,
             "{backend:?}: reader sleeps vs the reader's voluntary context switches"
         );
         rows.push((*backend, row));

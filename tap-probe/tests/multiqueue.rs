@@ -1,22 +1,25 @@
 //! A multi-queue tap with a reader per queue: counters land on the queue whose reader took
 //! the packets.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tap_probe::discovery::Filter;
-use tap_probe::netlink::{RootQdisc, Rtnl};
-use tap_probe::netns::run_in;
-use tap_probe::tap::{Tap, TapOptions};
-use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::Filter;
+use tap_probe::lab::run_in;
+use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe::lab::{RootQdisc, Rtnl};
+use tap_probe::lab::{Tap, TapOptions};
 
 const FRAMES: u64 = 5_000;
 
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("mq").unwrap();
@@ -35,37 +38,25 @@ fn per_queue_consumed_matches_each_readers_count() {
         );
     }
 
-    let stop = AtomicBool::new(false);
-    let reads: Vec<u64> = std::thread::scope(|s| {
-        let readers: Vec<_> = (0..2)
-            .map(|q| {
-                let (tap, stop) = (&tap, &stop);
-                s.spawn(move || {
-                    let cfg = ReaderConfig {
-                        pps: None,
-                        deadline: Duration::from_secs(30),
-                        max_packets: None,
-                    };
-                    traffic::read(tap.queue_fd(q), &cfg, stop)
-                })
-            })
-            .collect();
-        let cfg = SenderConfig {
+    let driven = Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: SenderConfig {
             batch: 1,
-            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
-        };
-        run_in(ns.path(), || traffic::send(&cfg)).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        stop.store(true, Ordering::Relaxed);
-        readers
-            .into_iter()
-            .map(|r| r.join().unwrap().unwrap().packets)
-            .collect()
-    });
-    tap.set_nonblocking(true).unwrap();
-    let drained: Vec<u64> = (0..2)
-        .map(|q| traffic::drain(tap.queue_fd(q), Duration::from_secs(5)).unwrap())
-        .collect();
+            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 2,
+        linger: Duration::from_millis(200),
+    }
+    .run()
+    .unwrap();
+    let reads: Vec<u64> = driven.read.iter().map(|r| r.packets).collect();
+    let drained = driven.drained;
 
     let mut per_queue: [Vec<_>; 2] = [Vec::new(), Vec::new()];
     for (backend, w) in &mut watchers {
@@ -75,23 +66,26 @@ fn per_queue_consumed_matches_each_readers_count() {
         for (q, row) in rows.iter().enumerate() {
             assert_eq!(row.queue as usize, q);
             assert_eq!(
-                row.consumed,
+                row.counters.consumed,
                 reads[q] + drained[q],
                 "{backend:?}: queue {q}"
             );
             assert_eq!(
-                row.xmit_calls,
-                row.enqueued + row.busy + row.dropped_full_ring + row.dropped_other,
+                row.counters.xmit_calls,
+                row.counters.enqueued
+                    + row.counters.busy
+                    + row.counters.dropped_full_ring
+                    + row.counters.dropped_other,
                 "{backend:?}: queue {q}"
             );
         }
-        let consumed: u64 = rows.iter().map(|r| r.consumed).sum();
+        let consumed: u64 = rows.iter().map(|r| r.counters.consumed).sum();
         assert_eq!(
             consumed, rows[0].kernel.tx_packets,
             "{backend:?}: per-device kernel count"
         );
         assert_eq!(
-            rows.iter().map(|r| r.xmit_calls).sum::<u64>(),
+            rows.iter().map(|r| r.counters.xmit_calls).sum::<u64>(),
             FRAMES,
             "{backend:?}"
         );
@@ -108,7 +102,7 @@ fn per_queue_consumed_matches_each_readers_count() {
 }
 
 /// A tap with two queues (one fd each) in `ns`, without a qdisc, up.
-fn two_queue_tap(ns: &tap_probe::netns::NamedNetns) -> Tap {
+fn two_queue_tap(ns: &tap_probe::lab::NamedNetns) -> Tap {
     run_in(ns.path(), || {
         let opts = TapOptions {
             multi_queue: true,

@@ -1,22 +1,24 @@
 //! Fidelity of the replay: record a real tap with a slow reader on this (stock) kernel,
 //! replay the recording under `tail-drop` with the recorded ring size, and compare the
 //! predicted ring-full drops with the kernel's own `tx_dropped`.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tap_probe::discovery::{Discovery, Filter};
-use tap_probe::netlink::RootQdisc;
-use tap_probe::netns::run_in;
-use tap_probe::replay::policy::Policy;
-use tap_probe::replay::ring::X86_64_BATCH;
-use tap_probe::replay::sim::{SimConfig, simulate};
-use tap_probe::traffic::{self, ReaderConfig, SenderConfig};
+use tap_probe::lab::RootQdisc;
+use tap_probe::lab::{Discovery, Filter};
+use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe::model::Policy;
+use tap_probe::model::X86_64_BATCH;
+use tap_probe::model::{SimConfig, simulate};
 use tap_probe_common::EventKind;
 
 const FRAMES: u64 = 20_000;
@@ -24,7 +26,7 @@ const DEV: &str = "tprr0";
 
 #[test]
 fn replayed_tail_drops_match_kernel_tx_dropped() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("rr").unwrap();
@@ -44,29 +46,25 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
 
     let (mut recorder, pump) = start_recorder(&trace, ns.name());
 
-    let stop = AtomicBool::new(false);
-    let sent = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let cfg = ReaderConfig {
-                pps: Some(4_000),
-                deadline: Duration::from_secs(30),
-                max_packets: None,
-            };
-            traffic::read(tap.queue_fd(0), &cfg, &stop)
-        });
-        let cfg = SenderConfig {
+    let sent = Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: SenderConfig {
             batch: 1,
-            ..SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(20))
-        };
-        let sent = run_in(ns.path(), || traffic::send(&cfg));
+            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: Some(4_000),
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 1,
         // Let the reader work on a full ring for a while after the burst.
-        std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        reader.join().unwrap().unwrap();
-        sent.unwrap()
-    });
-    tap.set_nonblocking(true).unwrap();
-    traffic::drain(tap.queue_fd(0), Duration::from_secs(10)).unwrap();
+        linger: Duration::from_millis(300),
+    }
+    .run()
+    .unwrap()
+    .sent;
     std::thread::sleep(Duration::from_millis(100));
 
     // SIGINT: the recorder completes the file and exits zero.
@@ -80,7 +78,7 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
     let tx_packets = after.tx_packets - before.tx_packets;
     eprintln!("sent {sent:?}\nkernel tx_dropped {tx_dropped} tx_packets {tx_packets}\n{log}");
 
-    let rec = tap_probe::replay::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     assert_eq!(
         rec.trailer.lost, 0,
         "events were lost: the replay cannot be exact"

@@ -1,5 +1,9 @@
 //! `tap-probe watch` end to end: discovery across namespaces, owners, devices that vanish,
 //! the JSON schema, and bad input.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
 
 mod common;
 
@@ -7,24 +11,25 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
 use std::time::Duration;
 
-use tap_probe::discovery::{DeviceKind, Filter};
-use tap_probe::netlink::RootQdisc;
-use tap_probe::watch::Watcher;
+use tap_probe::lab::RootQdisc;
+use tap_probe::lab::{Backend, KernelInfo, Watcher};
+use tap_probe::lab::{DeviceKind, Filter};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
 #[test]
 fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("disc").unwrap();
     let tap = common::tap_in(&ns, "tpd0", RootQdisc::PfifoFast).unwrap();
-    let mut watcher = Watcher::new(&Filter {
+    let filter = Filter {
         globs: vec!["tpd*".to_owned()],
         netns: Some(ns.name().to_owned()),
-    })
-    .unwrap();
+    };
+    let kernel = KernelInfo::load().unwrap();
+    let mut watcher = Watcher::with_backend(&kernel, &filter, Backend::Auto).unwrap();
     let report = watcher.refresh().unwrap();
     assert_eq!(report.rows.len(), 1, "{:?}", report.rows);
     let row = &report.rows[0];
@@ -52,7 +57,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
 
 #[test]
 fn json_lines_carry_every_field() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("json").unwrap();
@@ -118,7 +123,7 @@ fn json_lines_carry_every_field() {
 
 #[test]
 fn unmatched_glob_is_an_error_that_lists_devices() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("nomatch").unwrap();
@@ -139,7 +144,7 @@ fn unmatched_glob_is_an_error_that_lists_devices() {
 
 #[test]
 fn sigterm_detaches_and_prints_a_summary() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("term").unwrap();
@@ -191,7 +196,7 @@ fn our_programs() -> std::collections::BTreeSet<u32> {
 
 #[test]
 fn without_privileges_the_error_names_the_capabilities() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     // setpriv (util-linux) drops to an unprivileged user with no capabilities; that user
@@ -222,7 +227,7 @@ fn without_privileges_the_error_names_the_capabilities() {
 
 #[test]
 fn ctrl_c_during_the_demo_leaves_nothing_behind() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let before = our_programs();
@@ -284,7 +289,7 @@ fn assert_no_probe_left(before: &std::collections::BTreeSet<u32>) {
 
 #[test]
 fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("backend").unwrap();
@@ -384,7 +389,7 @@ fn sample(body: &str, family: &str, device: &str) -> Option<u64> {
 #[test]
 fn prometheus_endpoint_serves_the_counters() {
     const FRAMES: u64 = 500;
-    if common::skip_unless_root() {
+    if !tap_probe::lab::root() {
         return;
     }
     let ns = common::quiet_netns("prom").unwrap();
@@ -417,25 +422,26 @@ fn prometheus_endpoint_serves_the_counters() {
         }
     };
 
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let read = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let cfg = tap_probe::traffic::ReaderConfig {
-                pps: None,
-                deadline: Duration::from_secs(20),
-                max_packets: Some(FRAMES),
-            };
-            tap_probe::traffic::read(tap.queue_fd(0), &cfg, &stop)
-        });
-        let cfg = tap_probe::traffic::SenderConfig {
+    let driven = tap_probe::lab::Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: tap_probe::lab::SenderConfig {
             batch: 1,
             pps: Some(5_000),
-            ..tap_probe::traffic::SenderConfig::new(tap.ifindex(), FRAMES, Duration::from_secs(10))
-        };
-        let sent = tap_probe::netns::run_in(ns.path(), || tap_probe::traffic::send(&cfg)).unwrap();
-        assert_eq!(sent.sent, FRAMES, "{sent:?}");
-        reader.join().unwrap().unwrap()
-    });
+            ..tap_probe::lab::SenderConfig::new(0, FRAMES, Duration::from_secs(10))
+        },
+        reader: tap_probe::lab::ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(20),
+            max_packets: Some(FRAMES),
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap();
+    assert_eq!(driven.sent.sent, FRAMES, "{:?}", driven.sent);
+    let read = driven.read[0];
     assert_eq!(read.packets, FRAMES);
 
     // The exporter serves the last refresh: wait (bounded) for one after the traffic.

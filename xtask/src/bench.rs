@@ -2,8 +2,11 @@
 //! goals; it fails only when a run fails, never on a missed goal.
 //!
 //! Each kind is a module under `bench/` with its own `Args` and `run`; what they share
-//! (building, background processes with bounded waits, medians, JSON output) lives here.
+//! (building, background processes with bounded waits, the load runs, medians, JSON
+//! output) lives here, and the A/B harness (variants, rounds, medians, goals, the table)
+//! in `ab`.
 
+mod ab;
 mod backends;
 mod overhead;
 mod record;
@@ -19,7 +22,7 @@ use anyhow::{Context as _, bail};
 use crate::{cmd, setup};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(subcommand)]
     kind: BenchKind,
 }
@@ -42,7 +45,7 @@ enum BenchKind {
 
 /// What the host A/B benchmarks (`overhead`, `record`) take.
 #[derive(Debug, clap::Args)]
-pub struct RoundArgs {
+pub(crate) struct RoundArgs {
     /// Rounds; each runs every variant once, in alternating order.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(5..))]
     pairs: u32,
@@ -58,16 +61,14 @@ pub struct RoundArgs {
 ///
 /// # Errors
 /// If setup, the build or any run fails.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     setup::run(&setup::Args {})?;
     // The guest benchmark builds its own (static) tap-probe.
-    if !matches!(args.kind, BenchKind::Backends(_)) {
-        cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
-    }
+    let tap_probe = || cmd::build_release_bin("tap-probe", "tap-probe");
     match &args.kind {
-        BenchKind::Overhead(args) => overhead::run(args),
-        BenchKind::Record(args) => record::run(args),
-        BenchKind::Replay(args) => replay::run(args),
+        BenchKind::Overhead(args) => overhead::run(args, &tap_probe()?),
+        BenchKind::Record(args) => record::run(args, &tap_probe()?),
+        BenchKind::Replay(args) => replay::run(args, &tap_probe()?),
         BenchKind::Backends(args) => backends::run(args),
     }
 }
@@ -121,9 +122,31 @@ fn watched_xmit_calls<'a>(lines: impl IntoIterator<Item = &'a serde_json::Value>
         .unwrap_or(0)
 }
 
-/// The release build of tap-probe.
-fn tap_probe() -> Command {
-    cmd::new(cmd::target_dir().join("release/tap-probe"))
+/// Runs `tap-probe load` (`binary`) for `duration` seconds after `start_delay`, its report
+/// into `dir/TAG-load.json`, and returns the report.
+///
+/// # Errors
+/// When the load fails, hangs, or prints no report.
+fn load(
+    binary: &Path,
+    dir: &Path,
+    tag: &str,
+    duration: u32,
+    start_delay: u32,
+) -> anyhow::Result<serde_json::Value> {
+    let report = dir.join(format!("{tag}-load.json"));
+    let mut load = cmd::new(binary);
+    load.args(load_args(duration, start_delay))
+        .stdout(create(&report)?);
+    // Generous: the load bounds itself; this only catches a hang.
+    let timeout = Duration::from_secs(u64::from(duration + start_delay) + 60);
+    Proc::spawn(&mut load)?.wait(timeout)?;
+    read_report(&report)
+}
+
+/// A number of a `tap-probe load` report.
+fn number(report: &serde_json::Value, name: &str) -> Option<f64> {
+    report.get(name).and_then(serde_json::Value::as_f64)
 }
 
 /// Default output path for a benchmark: `target/bench/NAME.json`.
@@ -174,6 +197,13 @@ fn median(values: &[f64]) -> f64 {
         _ if n % 2 == 1 => sorted[n / 2],
         _ => f64::midpoint(sorted[n / 2 - 1], sorted[n / 2]),
     }
+}
+
+/// The running kernel's release.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 /// How long a process gets to exit after SIGINT before it is killed and the run fails.

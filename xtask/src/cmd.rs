@@ -4,32 +4,57 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::LazyLock;
 
 use anyhow::{Context as _, bail};
 
 /// The workspace root (the parent of `xtask/`).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives inside the workspace")
         .to_path_buf()
 }
 
-/// Cargo's target directory: `CARGO_TARGET_DIR` if set (relative to where cargo was run,
-/// as cargo reads it), else `<workspace>/target`.
-pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => std::env::current_dir()
-            .unwrap_or_else(|_| workspace_root())
-            .join(dir),
-        _ => workspace_root().join("target"),
-    }
+/// Cargo's target directory as cargo itself resolves it (`CARGO_TARGET_DIR`,
+/// `build.target-dir` in a `.cargo/config.toml`, else `<workspace>/target`), asked once.
+pub(crate) fn target_dir() -> PathBuf {
+    static TARGET_DIR: LazyLock<PathBuf> = LazyLock::new(|| {
+        match cargo_metadata::MetadataCommand::new()
+            .current_dir(workspace_root())
+            .no_deps()
+            .exec()
+        {
+            Ok(metadata) => metadata.target_directory.into_std_path_buf(),
+            Err(err) => {
+                eprintln!("xtask: warning: `cargo metadata` failed ({err}); using target/");
+                workspace_root().join("target")
+            }
+        }
+    });
+    TARGET_DIR.clone()
+}
+
+/// Builds binary `bin` of package `package` in release mode and returns its path, as cargo
+/// reports it.
+///
+/// # Errors
+/// If the build fails or builds no such binary.
+pub(crate) fn build_release_bin(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+    cargo_artifacts(cargo().args(["build", "--release", "-p", package, "--bin", bin]))?
+        .into_iter()
+        .filter(|artifact| {
+            artifact.target.name == bin && artifact.target.is_kind(cargo_metadata::TargetKind::Bin)
+        })
+        .find_map(|artifact| artifact.executable)
+        .map(cargo_metadata::camino::Utf8PathBuf::into_std_path_buf)
+        .with_context(|| format!("cargo build -p {package} built no binary {bin}"))
 }
 
 /// A command that runs from the workspace root with cargo's bin directory on `PATH`:
 /// `cargo install` puts bpf-linker there, aya-build looks it up on `PATH`, and CI's `PATH`
 /// may lack it.
-pub fn new(program: impl AsRef<OsStr>) -> Command {
+pub(crate) fn new(program: impl AsRef<OsStr>) -> Command {
     let mut command = Command::new(program);
     command.current_dir(workspace_root());
     if let Some(path) = path_with_cargo_bin() {
@@ -51,7 +76,7 @@ fn path_with_cargo_bin() -> Option<OsString> {
 }
 
 /// `cargo` with the toolchain that runs xtask (rustup's proxy picks it up from `PATH`).
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     new("cargo")
 }
 
@@ -59,7 +84,7 @@ pub fn cargo() -> Command {
 ///
 /// # Errors
 /// If it cannot be started or exits non-zero.
-pub fn run(command: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run(command: &mut Command) -> anyhow::Result<()> {
     let status = status(command)?;
     check(command, status)
 }
@@ -68,7 +93,7 @@ pub fn run(command: &mut Command) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// If it cannot be started.
-pub fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
+pub(crate) fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
     echo(command);
     command
         .status()
@@ -77,7 +102,7 @@ pub fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
 
 /// Runs `command` quietly and returns its stdout if it ran and exited zero. For probing
 /// the machine (is X installed?), where failure is an answer, not an error.
-pub fn probe(command: &mut Command) -> Option<String> {
+pub(crate) fn probe(command: &mut Command) -> Option<String> {
     let output = command
         .stdin(Stdio::null())
         .stderr(Stdio::null())
@@ -94,7 +119,9 @@ pub fn probe(command: &mut Command) -> Option<String> {
 ///
 /// # Errors
 /// If cargo cannot be run or the build fails.
-pub fn cargo_artifacts(command: &mut Command) -> anyhow::Result<Vec<cargo_metadata::Artifact>> {
+pub(crate) fn cargo_artifacts(
+    command: &mut Command,
+) -> anyhow::Result<Vec<cargo_metadata::Artifact>> {
     command
         .arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped());
@@ -120,7 +147,7 @@ pub fn cargo_artifacts(command: &mut Command) -> anyhow::Result<Vec<cargo_metada
 ///
 /// # Errors
 /// If `status` is not success.
-pub fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
+pub(crate) fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
     if status.success() {
         Ok(())
     } else {
@@ -129,12 +156,12 @@ pub fn check(command: &Command, status: ExitStatus) -> anyhow::Result<()> {
 }
 
 /// Prints `$ command` to stderr.
-pub fn echo(command: &Command) {
+pub(crate) fn echo(command: &Command) {
     eprintln!("$ {}", display(command));
 }
 
 /// The command as a shell would read it, with the environment it sets (except `PATH`).
-pub fn display(command: &Command) -> String {
+pub(crate) fn display(command: &Command) -> String {
     let envs = command.get_envs().filter_map(|(key, value)| {
         let value = value?;
         (key != "PATH").then(|| format!("{}={}", key.to_string_lossy(), quote(value)))
@@ -157,7 +184,7 @@ fn quote(word: &OsStr) -> String {
 }
 
 /// Whether this process runs as root.
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use crate::{cmd, setup};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Arguments for `tap-probe demo` (after `--`).
     #[arg(last = true)]
     args: Vec<String>,
@@ -18,10 +18,9 @@ pub struct Args {
 ///
 /// # Errors
 /// If setup or the build fails, or the demo cannot be started.
-pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
     setup::run(&setup::Args {})?;
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?;
-    let binary = cmd::target_dir().join("release/tap-probe");
+    let binary = cmd::build_release_bin("tap-probe", "tap-probe")?;
     let mut demo = cmd::new(&binary);
     demo.arg("demo").args(&args.args);
     cmd::echo(&demo);

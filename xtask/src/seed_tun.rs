@@ -26,13 +26,13 @@ const PATCH: &str = "xtask/seed-tun/tun-backpressure-6.12.patch";
 const COMPLETE: &str = ".complete";
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
 /// Runs `cargo xtask seed-tun`.
 ///
 /// # Errors
 /// If a package cannot be had or the build fails.
-pub fn run(_args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(_args: &Args) -> anyhow::Result<()> {
     let module = build()?;
     println!("{}", module.display());
     Ok(())
@@ -42,7 +42,7 @@ pub fn run(_args: &Args) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// If a package cannot be had or the build fails.
-pub fn build() -> anyhow::Result<PathBuf> {
+pub(crate) fn build() -> anyhow::Result<PathBuf> {
     let started = Instant::now();
     let cache = tap_probe_guest::cache_dir()?;
     let apt = Apt::open(&cache.join("apt"), Channel::Stable)?;

@@ -39,13 +39,13 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 const NEED_ROOT: &str = "setup installs packages and mounts tracefs: run as root";
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
 /// Runs `cargo xtask setup`.
 ///
 /// # Errors
 /// If an install step fails, or one that needs root is due and this is not root.
-pub fn run(_args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(_args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut done = Vec::new();
     if nightly_components()? {

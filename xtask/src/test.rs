@@ -11,7 +11,7 @@ use tap_probe_guest::{AccelChoice, KernelSpec, Series};
 use crate::{cmd, setup, vm};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Skip the privileged tests (those need root: they create network namespaces and
     /// load eBPF programs).
     #[arg(long)]
@@ -40,7 +40,7 @@ impl Args {
 /// and overflow checks kept. Under emulation unoptimised code made the guest suite four times
 /// slower; the unit tests, the privileged tests and the guests' test binaries share this one
 /// build.
-pub const TEST_PROFILE: &[&str] = &["--config", "profile.dev.opt-level=2"];
+pub(crate) const TEST_PROFILE: &[&str] = &["--config", "profile.dev.opt-level=2"];
 
 /// One stage of the pipeline.
 struct Stage {
@@ -192,7 +192,7 @@ fn privileged_tests() -> anyhow::Result<()> {
 ///
 /// # Errors
 /// The first stage that fails.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let skipped = args.skipped();
     let mut passed = Vec::new();
     for stage in STAGES {

@@ -26,7 +26,7 @@ const HOST_TOOLS: &[&str] = &["/usr/sbin/ip", "/usr/sbin/tc", "/usr/bin/setpriv"
 const BINARY_TIMEOUT_S: u32 = 8 * 60;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Kernels to run the tests on, one guest each: `debian-6.1`, `debian-6.12`,
     /// `debian-7.3`, a bzImage or a kernel .deb [default: the matrix `cargo xtask test`
     /// runs: debian-6.1, debian-6.12 with `cargo xtask seed-tun`'s tun.ko, debian-7.3].
@@ -58,7 +58,7 @@ pub struct Args {
 
 /// One guest of a test run: a kernel and the modules that replace its own.
 #[derive(Debug, Clone)]
-pub struct Guest {
+pub(crate) struct Guest {
     pub kernel: KernelSpec,
     pub modules: Vec<PathBuf>,
     /// With a bzImage: its modules.
@@ -70,7 +70,7 @@ pub struct Guest {
 /// # Errors
 /// If a kernel cannot be found, the binaries cannot be built, QEMU cannot be run, or a
 /// guest does not report success.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let guests = if args.kernels.is_empty() {
         matrix()?
     } else {
@@ -101,7 +101,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// If the 6.12 module cannot be built.
-pub fn matrix() -> anyhow::Result<Vec<Guest>> {
+pub(crate) fn matrix() -> anyhow::Result<Vec<Guest>> {
     let guest = |series, modules| Guest {
         kernel: KernelSpec::Debian(series),
         modules,
@@ -116,7 +116,7 @@ pub fn matrix() -> anyhow::Result<Vec<Guest>> {
 
 /// How to run the tests in guests.
 #[derive(Debug)]
-pub struct Options {
+pub(crate) struct Options {
     pub accel: AccelChoice,
     pub timeout: Duration,
     pub quiet: bool,
@@ -128,7 +128,7 @@ pub struct Options {
 ///
 /// # Errors
 /// If the build fails, a kernel cannot be had, or a guest fails.
-pub fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let step = Instant::now();
     let binaries = build_tests()?;
@@ -204,7 +204,7 @@ pub fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// If the kernel cannot be had or a module is unusable.
-pub fn prepare(guest: &Guest) -> anyhow::Result<(Kernel, Vec<tap_probe_guest::Module>)> {
+pub(crate) fn prepare(guest: &Guest) -> anyhow::Result<(Kernel, Vec<tap_probe_guest::Module>)> {
     let cache = tap_probe_guest::cache_dir()?;
     let kernel =
         tap_probe_guest::kernel::resolve(&guest.kernel, guest.modules_dir.as_deref(), &cache)?;
@@ -230,7 +230,7 @@ pub fn prepare(guest: &Guest) -> anyhow::Result<(Kernel, Vec<tap_probe_guest::Mo
 
 /// What the guest runs, as built for it.
 #[derive(Debug)]
-pub struct TestBinaries {
+pub(crate) struct TestBinaries {
     /// Test executables (the library's unit tests, the binary's, each `tests/*.rs`).
     tests: Vec<PathBuf>,
     /// The tap-probe binary the integration tests run: they bake its host path in with
@@ -383,7 +383,7 @@ fn failed_exit(line: &str) -> bool {
 ///
 /// # Errors
 /// If the fallback does not happen or its run fails.
-pub fn check_fallback(guest: &Guest) -> anyhow::Result<()> {
+pub(crate) fn check_fallback(guest: &Guest) -> anyhow::Result<()> {
     let (kernel, _) = prepare(guest)?;
     let dir = cmd::target_dir().join("vm").join("fallback");
     let mut image = Image::new(&kernel.release, Vec::new(), &dir.join("scratch"))?;
@@ -426,7 +426,7 @@ pub fn check_fallback(guest: &Guest) -> anyhow::Result<()> {
 }
 
 /// Where a guest's files go.
-pub fn guest_dir(kernel: &Kernel) -> PathBuf {
+pub(crate) fn guest_dir(kernel: &Kernel) -> PathBuf {
     cmd::target_dir().join("vm").join(&kernel.release)
 }
 

@@ -18,29 +18,29 @@ use super::policy::Policy;
 use super::ring::batch_for;
 
 #[derive(Debug, Clone, Copy)]
-pub struct LiveConfig {
-    pub ring_size: u32,
-    pub cache_batch: u32,
-    pub duration: Duration,
+pub(crate) struct LiveConfig {
+    pub(crate) ring_size: u32,
+    pub(crate) cache_batch: u32,
+    pub(crate) duration: Duration,
     /// Busy work per consumed item, in rounds of a small loop (0: none), to make the reader
     /// the slower side as a VM is.
-    pub consumer_work: u32,
+    pub(crate) consumer_work: u32,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct LiveResult {
-    pub policy: String,
-    pub ring_size: u32,
+pub(crate) struct LiveResult {
+    pub(crate) policy: String,
+    pub(crate) ring_size: u32,
     /// Items the consumer took per second.
-    pub items_per_s: f64,
-    pub delivered: u64,
-    pub dropped: u64,
-    pub busy: u64,
-    pub stops: u64,
-    pub wakes: u64,
-    pub elapsed_s: f64,
+    pub(crate) items_per_s: f64,
+    pub(crate) delivered: u64,
+    pub(crate) dropped: u64,
+    pub(crate) busy: u64,
+    pub(crate) stops: u64,
+    pub(crate) wakes: u64,
+    pub(crate) elapsed_s: f64,
     /// CPUs the producer and the consumer ran on (None: not pinned).
-    pub cpus: Option<(usize, usize)>,
+    pub(crate) cpus: Option<(usize, usize)>,
 }
 
 #[repr(align(128))]
@@ -64,7 +64,7 @@ struct ProducerStats {
 ///
 /// # Errors
 /// When a thread cannot be spawned or panics, or the ring size is 0.
-pub fn run(cfg: &LiveConfig, policy: Policy) -> anyhow::Result<LiveResult> {
+pub(crate) fn run(cfg: &LiveConfig, policy: Policy) -> anyhow::Result<LiveResult> {
     if cfg.ring_size == 0 {
         return Err(anyhow!("a live ring needs at least one slot"));
     }

@@ -11,24 +11,25 @@
 //! - [`live`]: the same policies on a real two-thread ring;
 //! - [`plot`]: occupancy over time as SVG.
 
-pub mod live;
-pub mod plot;
-pub mod policy;
-pub mod qdisc;
-pub mod reference;
-pub mod ring;
-pub mod sim;
-pub mod workload;
+pub(crate) mod live;
+pub(crate) mod plot;
+pub(crate) mod policy;
+pub(crate) mod qdisc;
+#[cfg(test)]
+mod reference;
+pub(crate) mod ring;
+pub(crate) mod sim;
+pub(crate) mod workload;
 
 use std::collections::HashMap;
 use std::io::Read;
 
 use tap_probe_common::EventKind;
 
-use crate::trace_file::{Record, TraceError, TraceReader, Trailer};
+use tap_probe_trace::{Record, TraceError, TraceReader, Trailer};
 
 /// The operation code of an arrival; any other value `n` is a read of up to `n` entries.
-pub const ARRIVAL: u32 = 0;
+pub(crate) const ARRIVAL: u32 = 0;
 
 /// A stream of operations on one ring in time order, as two parallel arrays (the replay
 /// walks them front to back).
@@ -41,26 +42,21 @@ pub struct Ops {
 }
 
 impl Ops {
-    pub fn push(&mut self, t: u64, op: u32) {
+    pub(crate) fn push(&mut self, t: u64, op: u32) {
         self.times.push(t);
         self.ops.push(op);
     }
 
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.times.len()
-    }
-
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.times.is_empty()
     }
 
     /// Arrivals and reads built from `(time, op)` pairs in any order: sorted by time, equal
     /// times keeping their order (events from different CPUs reach the ring buffer slightly
     /// out of order).
     #[must_use]
-    pub fn from_unordered(mut pairs: Vec<(u64, u32)>) -> Self {
+    pub(crate) fn from_unordered(mut pairs: Vec<(u64, u32)>) -> Self {
         pairs.sort_by_key(|p| p.0);
         let (times, ops) = pairs.into_iter().unzip();
         Self { times, ops }
@@ -90,7 +86,7 @@ impl Stream {
 /// A recording, read into replayable streams.
 #[derive(Debug, Clone)]
 pub struct Recording {
-    pub header: crate::trace_file::Header,
+    pub header: tap_probe_trace::Header,
     pub trailer: Trailer,
     pub streams: Vec<Stream>,
 }
@@ -147,7 +143,7 @@ pub fn load_recording<R: Read>(input: R) -> Result<Recording, TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace_file::{DeviceInfo, Event, Header, TraceWriter};
+    use tap_probe_trace::{DeviceInfo, Event, Header, TraceWriter};
 
     #[test]
     fn recording_becomes_sorted_streams() {

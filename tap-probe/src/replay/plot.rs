@@ -6,18 +6,18 @@ use anyhow::anyhow;
 use plotters::prelude::*;
 
 /// One panel: a policy's occupancy series over `span_ns`.
-pub struct Panel<'a> {
-    pub title: String,
-    pub series: &'a [u32],
-    pub ring_size: u32,
-    pub span_ns: u64,
+pub(crate) struct Panel<'a> {
+    pub(crate) title: String,
+    pub(crate) series: &'a [u32],
+    pub(crate) ring_size: u32,
+    pub(crate) span_ns: u64,
 }
 
 /// Writes the panels side by side to `path` as SVG.
 ///
 /// # Errors
 /// When the file cannot be written or there is nothing to plot.
-pub fn occupancy_svg(path: &Path, panels: &[Panel<'_>]) -> anyhow::Result<()> {
+pub(crate) fn occupancy_svg(path: &Path, panels: &[Panel<'_>]) -> anyhow::Result<()> {
     if panels.is_empty() {
         return Err(anyhow!("nothing to plot"));
     }

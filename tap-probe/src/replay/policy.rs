@@ -23,7 +23,7 @@ pub enum Policy {
 
 impl Policy {
     /// The four policies the seed compares, with its F = 1/2.
-    pub const DEFAULTS: [Self; 4] = [
+    pub(crate) const DEFAULTS: [Self; 4] = [
         Self::TailDrop,
         Self::StopWake(0.5),
         Self::WakeEvery,
@@ -32,14 +32,14 @@ impl Policy {
 
     /// Whether the queue stops (a qdisc holds packets) rather than the driver dropping.
     #[must_use]
-    pub fn stops(self) -> bool {
+    pub(crate) fn stops(self) -> bool {
         !matches!(self, Self::TailDrop)
     }
 
     /// Consumes since the stop after which the reader wakes the queue (`u32::MAX`: never
     /// by count, only when the ring is empty).
     #[must_use]
-    pub fn wake_threshold(self, size: u32) -> u32 {
+    pub(crate) fn wake_threshold(self, size: u32) -> u32 {
         match self {
             Self::TailDrop | Self::WakeEmpty => u32::MAX,
             Self::WakeEvery => 1,

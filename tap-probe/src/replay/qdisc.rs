@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone)]
-pub struct Pfifo {
+pub(crate) struct Pfifo {
     limit: u32,
     queue: VecDeque<u64>,
     requeued: Option<u64>,
@@ -15,7 +15,7 @@ pub struct Pfifo {
 
 impl Pfifo {
     #[must_use]
-    pub fn new(limit: u32) -> Self {
+    pub(crate) fn new(limit: u32) -> Self {
         Self {
             limit,
             // Room for everything up front: no allocation while replaying.
@@ -26,7 +26,7 @@ impl Pfifo {
 
     /// `pfifo_enqueue`: false (a drop) when `limit` packets are queued.
     #[inline]
-    pub fn enqueue(&mut self, arrival: u64) -> bool {
+    pub(crate) fn enqueue(&mut self, arrival: u64) -> bool {
         if self.len() >= self.limit as usize {
             return false;
         }
@@ -35,24 +35,24 @@ impl Pfifo {
     }
 
     #[inline]
-    pub fn dequeue(&mut self) -> Option<u64> {
+    pub(crate) fn dequeue(&mut self) -> Option<u64> {
         self.requeued.take().or_else(|| self.queue.pop_front())
     }
 
     /// Puts back a packet the driver returned busy; it goes out first next time.
-    pub fn requeue(&mut self, arrival: u64) {
+    pub(crate) fn requeue(&mut self, arrival: u64) {
         debug_assert!(self.requeued.is_none());
         self.requeued = Some(arrival);
     }
 
     #[must_use]
     #[inline]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.requeued.is_none() && self.queue.is_empty()
     }
 
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.queue.len() + usize::from(self.requeued.is_some())
     }
 }

@@ -9,7 +9,7 @@ use super::policy::Policy;
 
 /// `struct ptr_ring`, literally.
 #[derive(Debug, Clone)]
-pub struct RefRing {
+pub(crate) struct RefRing {
     producer: usize,
     consumer_head: usize,
     consumer_tail: usize,
@@ -21,7 +21,7 @@ pub struct RefRing {
 impl RefRing {
     /// `ptr_ring_init` + `__ptr_ring_set_size`.
     #[must_use]
-    pub fn new(size: u32, cache_batch: u32) -> Self {
+    pub(crate) fn new(size: u32, cache_batch: u32) -> Self {
         let size = size as usize;
         let mut batch = cache_batch as usize;
         if batch > size / 2 || batch == 0 {
@@ -39,18 +39,18 @@ impl RefRing {
 
     /// `__ptr_ring_full`.
     #[must_use]
-    pub fn full(&self) -> bool {
+    pub(crate) fn full(&self) -> bool {
         self.size == 0 || self.queue[self.producer].is_some()
     }
 
     /// `__ptr_ring_empty`.
     #[must_use]
-    pub fn empty(&self) -> bool {
+    pub(crate) fn empty(&self) -> bool {
         self.size == 0 || self.queue[self.consumer_head].is_none()
     }
 
     /// `__ptr_ring_produce`: 0 (true) or -ENOSPC (false).
-    pub fn produce(&mut self, ptr: u64) -> bool {
+    pub(crate) fn produce(&mut self, ptr: u64) -> bool {
         if self.size == 0 || self.queue[self.producer].is_some() {
             return false;
         }
@@ -63,7 +63,7 @@ impl RefRing {
     }
 
     /// `__ptr_ring_consume` = `__ptr_ring_peek` + `__ptr_ring_discard_one`.
-    pub fn consume(&mut self) -> Option<u64> {
+    pub(crate) fn consume(&mut self) -> Option<u64> {
         if self.size == 0 {
             return None;
         }
@@ -91,20 +91,20 @@ impl RefRing {
 
 /// What the reference model reports (the exact values the optimised model must match).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RefMetrics {
-    pub arrivals: u64,
-    pub delivered: u64,
-    pub ring_full_drops: u64,
-    pub qdisc_drops: u64,
-    pub busy: u64,
-    pub stops: u64,
-    pub wakes: u64,
-    pub stopped_ns: u64,
-    pub max_occupancy: u32,
-    pub occupancy_area: u128,
-    pub delays: Vec<u64>,
-    pub left_in_ring: u32,
-    pub left_in_qdisc: u64,
+pub(crate) struct RefMetrics {
+    pub(crate) arrivals: u64,
+    pub(crate) delivered: u64,
+    pub(crate) ring_full_drops: u64,
+    pub(crate) qdisc_drops: u64,
+    pub(crate) busy: u64,
+    pub(crate) stops: u64,
+    pub(crate) wakes: u64,
+    pub(crate) stopped_ns: u64,
+    pub(crate) max_occupancy: u32,
+    pub(crate) occupancy_area: u128,
+    pub(crate) delays: Vec<u64>,
+    pub(crate) left_in_ring: u32,
+    pub(crate) left_in_qdisc: u64,
 }
 
 /// The same replay as [`super::sim::simulate`], written as plainly as possible.
@@ -113,7 +113,7 @@ pub struct RefMetrics {
     clippy::too_many_lines,
     reason = "one straight-line transcription is the point"
 )]
-pub fn simulate(
+pub(crate) fn simulate(
     ops: &Ops,
     ring_size: u32,
     cache_batch: u32,

@@ -11,7 +11,7 @@
 //! Produced slots are set to NULL in the order they were filled, so the non-NULL slots are always
 //! the contiguous run starting at `consumer_tail`; this model keeps the length of that run
 //! (`filled`) instead of scanning an array, which makes every operation O(1) with the exact
-//! outcomes of the kernel's code ([`super::reference`] checks that against a literal
+//! outcomes of the kernel's code (`super::reference` checks that against a literal
 //! transcription of the C).
 
 /// `SMP_CACHE_BYTES * 2 / sizeof(void *)` on x86-64 (64-byte cache lines).
@@ -19,7 +19,7 @@ pub const X86_64_BATCH: u32 = 16;
 
 /// `__ptr_ring_set_size`: the cache-line batch, or 1 when it exceeds half the ring (or is 0).
 #[must_use]
-pub const fn batch_for(size: u32, cache_batch: u32) -> u32 {
+pub(crate) const fn batch_for(size: u32, cache_batch: u32) -> u32 {
     if cache_batch > size / 2 || cache_batch == 0 {
         1
     } else {
@@ -30,7 +30,7 @@ pub const fn batch_for(size: u32, cache_batch: u32) -> u32 {
 /// A `ptr_ring` of `size` slots whose entries are `u64` values (the replay stores each
 /// packet's arrival time).
 #[derive(Debug, Clone)]
-pub struct PtrRing {
+pub(crate) struct PtrRing {
     size: u32,
     batch: u32,
     producer: u32,
@@ -46,7 +46,7 @@ pub struct PtrRing {
 impl PtrRing {
     /// `ptr_ring_init(r, size)` on a machine whose cache-line batch is `cache_batch`.
     #[must_use]
-    pub fn new(size: u32, cache_batch: u32) -> Self {
+    pub(crate) fn new(size: u32, cache_batch: u32) -> Self {
         Self {
             size,
             batch: batch_for(size, cache_batch),
@@ -60,24 +60,19 @@ impl PtrRing {
     }
 
     #[must_use]
-    pub fn size(&self) -> u32 {
+    pub(crate) fn size(&self) -> u32 {
         self.size
-    }
-
-    #[must_use]
-    pub fn batch(&self) -> u32 {
-        self.batch
     }
 
     /// Entries the consumer can still take.
     #[must_use]
-    pub fn len(&self) -> u32 {
+    pub(crate) fn len(&self) -> u32 {
         self.avail
     }
 
     /// `__ptr_ring_empty`: the consumer finds nothing.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.avail == 0
     }
 
@@ -85,19 +80,20 @@ impl PtrRing {
     /// `producer` is not NULL, so a produce would fail.
     #[must_use]
     #[inline]
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.filled == self.size
     }
 
     /// Slots the producer cannot use: unconsumed entries plus consumed ones not yet zeroed.
+    #[cfg(test)]
     #[must_use]
-    pub fn slots_used(&self) -> u32 {
+    pub(crate) fn slots_used(&self) -> u32 {
         self.filled
     }
 
     /// `__ptr_ring_produce`: false (`-ENOSPC`) when full.
     #[inline]
-    pub fn produce(&mut self, value: u64) -> bool {
+    pub(crate) fn produce(&mut self, value: u64) -> bool {
         if self.is_full() {
             return false;
         }
@@ -116,7 +112,7 @@ impl PtrRing {
 
     /// `__ptr_ring_consume`: the oldest entry, zeroing a batch of slots when due.
     #[inline]
-    pub fn consume(&mut self) -> Option<u64> {
+    pub(crate) fn consume(&mut self) -> Option<u64> {
         if self.avail == 0 {
             return None;
         }
@@ -138,7 +134,8 @@ impl PtrRing {
     }
 
     /// `__ptr_ring_consume_batched`: up to `out.len()` entries; returns how many.
-    pub fn consume_batched(&mut self, out: &mut [u64]) -> usize {
+    #[cfg(test)]
+    pub(crate) fn consume_batched(&mut self, out: &mut [u64]) -> usize {
         let mut n = 0;
         for slot in out.iter_mut() {
             match self.consume() {

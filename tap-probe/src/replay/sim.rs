@@ -306,7 +306,7 @@ const BUCKETS: usize = (64 - SUB_BITS as usize + 1) * SUB;
 /// A log-linear histogram of u64 values (like HdrHistogram): exact below 64, then 32
 /// buckets per power of two.
 #[derive(Debug, Clone)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     counts: Box<[u64; BUCKETS]>,
     total: u64,
 }
@@ -319,7 +319,7 @@ impl Default for Histogram {
 
 impl Histogram {
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             counts: Box::new([0; BUCKETS]),
             total: 0,
@@ -351,7 +351,7 @@ impl Histogram {
     }
 
     #[inline]
-    pub fn record(&mut self, v: u64) {
+    pub(crate) fn record(&mut self, v: u64) {
         let i = Self::index(v);
         debug_assert!(i < BUCKETS);
         // SAFETY: `index` is below `BUCKETS` for every u64 (see there; a test checks the
@@ -363,7 +363,7 @@ impl Histogram {
     /// The smallest recorded value (up to bucket precision) with at least `q` of all values
     /// at or below it; 0 when empty.
     #[must_use]
-    pub fn quantile(&self, q: f64) -> u64 {
+    pub(crate) fn quantile(&self, q: f64) -> u64 {
         if self.total == 0 {
             return 0;
         }

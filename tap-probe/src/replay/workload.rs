@@ -24,11 +24,11 @@ use std::fmt;
 use super::{ARRIVAL, Ops};
 
 /// At most this many operations are generated (about 1.2 GB of trace in memory).
-pub const MAX_OPS: f64 = 100e6;
+pub(crate) const MAX_OPS: f64 = 100e6;
 
 /// A producer or reader process.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Process {
+pub(crate) enum Process {
     Const { rate: f64 },
     Poisson { rate: f64 },
     Burst { size: u32, rate: f64 },
@@ -38,7 +38,7 @@ pub enum Process {
 impl Process {
     /// Average events per second over a long run.
     #[must_use]
-    pub fn mean_rate(self) -> f64 {
+    pub(crate) fn mean_rate(self) -> f64 {
         match self {
             Self::Const { rate } | Self::Poisson { rate } | Self::Burst { rate, .. } => rate,
             #[expect(clippy::cast_precision_loss, reason = "a ratio of durations")]
@@ -152,13 +152,13 @@ impl fmt::Display for Process {
 
 /// A parsed `--synthetic` spec.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Workload {
-    pub producer: Process,
-    pub consumer: Process,
-    pub duration_ns: u64,
-    pub ring: u32,
-    pub batch: u32,
-    pub seed: u64,
+pub(crate) struct Workload {
+    pub(crate) producer: Process,
+    pub(crate) consumer: Process,
+    pub(crate) duration_ns: u64,
+    pub(crate) ring: u32,
+    pub(crate) batch: u32,
+    pub(crate) seed: u64,
 }
 
 impl Workload {
@@ -169,7 +169,7 @@ impl Workload {
     /// workload that cannot exist (rates of zero or above one per nanosecond, an empty
     /// duration, a zero-sized ring, more than [`MAX_OPS`] operations). The message names
     /// the item at fault.
-    pub fn parse(spec: &str) -> Result<Self, String> {
+    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
         let mut producer = None;
         let mut consumer = None;
         let mut duration_ns = None;
@@ -227,7 +227,7 @@ impl Workload {
 
     /// The operations, arrivals before reads at equal times.
     #[must_use]
-    pub fn generate(&self) -> Ops {
+    pub(crate) fn generate(&self) -> Ops {
         let mut rng = Rng(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let arrivals = self.producer.times(self.duration_ns, &mut rng);
         let reads = self.consumer.times(self.duration_ns, &mut rng);

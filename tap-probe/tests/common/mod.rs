@@ -8,22 +8,12 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context as _, Result};
-use tap_probe::netlink::{RootQdisc, Rtnl};
-use tap_probe::netns::{NamedNetns, run_in};
-use tap_probe::tap::{Tap, TapOptions};
-
-/// Privileged tests need root; elsewhere they say so and pass.
-pub fn skip_unless_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        false
-    } else {
-        eprintln!("skipping test - not root");
-        true
-    }
-}
+use tap_probe::lab::{NamedNetns, run_in};
+use tap_probe::lab::{RootQdisc, Rtnl};
+use tap_probe::lab::{Tap, TapOptions};
 
 /// A namespace name no other test or run uses.
-pub fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!(
         "tp-{tag}-{}-{}",
@@ -34,7 +24,7 @@ pub fn unique(tag: &str) -> String {
 
 /// A private namespace with IPv6 off, so the kernel sends nothing of its own (router
 /// solicitations, MLD) into the devices: every frame in them is the test's.
-pub fn quiet_netns(tag: &str) -> Result<NamedNetns> {
+pub(crate) fn quiet_netns(tag: &str) -> Result<NamedNetns> {
     let ns = NamedNetns::create(&unique(tag))?;
     run_in(ns.path(), || {
         for knob in ["all", "default"] {
@@ -47,7 +37,7 @@ pub fn quiet_netns(tag: &str) -> Result<NamedNetns> {
 }
 
 /// A tap in `ns` with the given root qdisc, up. Dropping the tap removes the device.
-pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
+pub(crate) fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
     run_in(ns.path(), || {
         let tap = Tap::create(name, TapOptions::default())?;
         let mut rtnl = Rtnl::open()?;
@@ -59,13 +49,14 @@ pub fn tap_in(ns: &NamedNetns, name: &str, qdisc: RootQdisc) -> Result<Tap> {
 
 /// A watcher for each backend this kernel can run, all attached at once so they count the
 /// same traffic; backends the kernel cannot run are skipped with a message.
-pub fn watchers(
-    filter: &tap_probe::discovery::Filter,
-) -> Vec<(tap_probe::backend::Backend, tap_probe::watch::Watcher)> {
-    use tap_probe::backend::Backend;
+pub(crate) fn watchers(
+    filter: &tap_probe::lab::Filter,
+) -> Vec<(tap_probe::lab::Backend, tap_probe::lab::Watcher)> {
+    use tap_probe::lab::Backend;
+    let kernel = tap_probe::lab::KernelInfo::load().expect("the kernel's facts");
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe::watch::Watcher::with_backend(filter, backend) {
+        match tap_probe::lab::Watcher::with_backend(&kernel, filter, backend) {
             Ok(w) => all.push((backend, w)),
             Err(err) => eprintln!("skipping backend {backend:?} - {err:#}"),
         }
@@ -74,30 +65,21 @@ pub fn watchers(
     all
 }
 
-/// The counters of a row, without its labels, to compare backends.
-pub fn counters(row: &tap_probe::report::Row) -> [u64; 10] {
-    [
-        row.xmit_calls,
-        row.enqueued,
-        row.busy,
-        row.dropped_full_ring,
-        row.dropped_other,
-        row.consumed,
-        row.queue_stops,
-        row.queue_wakes,
-        u64::from(row.stopped),
-        row.reader_sleeps,
-    ]
-}
-
-/// Every backend counted the same traffic identically.
-pub fn assert_backends_agree(rows: &[(tap_probe::backend::Backend, tap_probe::report::Row)]) {
-    for (backend, row) in &rows[1..] {
-        assert_eq!(
-            counters(row),
-            counters(&rows[0].1),
-            "{backend:?} and {:?} saw the same traffic",
-            rows[0].0
-        );
+/// Every backend counted the same traffic identically: every value of the rows but the
+/// times (two backends see a stop at slightly different instants).
+pub(crate) fn assert_backends_agree(rows: &[(tap_probe::lab::Backend, tap_probe::lab::Row)]) {
+    let exact = tap_probe_common::METRICS
+        .iter()
+        .filter(|m| m.unit != tap_probe_common::Unit::Nanoseconds);
+    for metric in exact {
+        for (backend, row) in &rows[1..] {
+            assert_eq!(
+                row.value(metric),
+                rows[0].1.value(metric),
+                "{}: {backend:?} and {:?} saw the same traffic",
+                metric.name,
+                rows[0].0
+            );
+        }
     }
 }

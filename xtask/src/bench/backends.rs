@@ -42,16 +42,6 @@ use tap_probe_guest::{AccelChoice, Booted, Image, KernelSpec, Launcher, Series, 
 
 use crate::{cmd, vm};
 
-/// Builds the release tap-probe (the one the benchmark measures) and returns its path.
-fn release_tap_probe() -> anyhow::Result<PathBuf> {
-    cmd::cargo_artifacts(cmd::cargo().args(["build", "--release", "-p", "tap-probe"]))?
-        .into_iter()
-        .filter(|artifact| artifact.target.name == "tap-probe")
-        .find_map(|artifact| artifact.executable)
-        .map(Into::into)
-        .context("cargo build built no tap-probe binary")
-}
-
 /// Seconds the load waits before sending: the watch finds the load's tap at its next
 /// refresh (every half second), which takes longer in an emulated guest.
 const START_DELAY_S: u32 = 3;
@@ -82,7 +72,7 @@ const THROUGHPUT_FIELD: &str = "delivered_pps";
 const GOAL_MAX_LOSS_RATIO: f64 = 0.5;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(super) struct Args {
     /// Rounds; each runs every variant once (a backend that cannot attach, only once).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(3..=50))]
     rounds: u32,
@@ -153,7 +143,7 @@ impl fmt::Display for Variant {
 /// # Errors
 /// If the build or the guest fails, or any run fails or counts wrong; the results are
 /// written first.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(super) fn run(args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let out = args.out.clone().unwrap_or_else(|| default_out("backends"));
     let dir = runs_dir(&out)?;
@@ -162,7 +152,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         modules: Vec::new(),
         modules_dir: None,
     })?;
-    let tap_probe = release_tap_probe()?;
+    let tap_probe = cmd::build_release_bin("tap-probe", "tap-probe")?;
     let timeout_s = args.timeout_s();
     eprintln!(
         "==> bench backends: {} rounds of {} s runs in the guest (timeout {timeout_s} s)",

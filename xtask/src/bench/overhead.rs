@@ -1,10 +1,11 @@
 //! `cargo xtask bench overhead`: what watching costs the traffic it watches.
 //!
 //! Each round runs `tap-probe load` three ways: (A) with no probe, (B) with
-//! `tap-probe watch` attached, (C) with a bpftrace one-liner that counts the same events.
-//! The order alternates (A, B, C, then C, B, A) so that drift over time does not favour
-//! one variant. Throughput is the load's `delivered_pps`; the results are the medians, the
-//! ratios B/A and C/A, and how B's loss compares with C's.
+//! `tap-probe watch` attached, (C) with a bpftrace one-liner that counts the same events,
+//! in the alternating order of the A/B harness (A, B, C, then C, B, A). Throughput is the
+//! load's `delivered_pps`; the results are the medians, the ratios B/A and C/A, and how B's
+//! loss compares with C's. A B run is valid only if the watch counted one driver call per
+//! packet the load sent.
 
 use std::fmt;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -18,10 +19,11 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::ab::{Goal, Measure, Results, Schedule, Status};
 use super::{
-    Proc, WATCH_LOAD_ARGS, create, default_out, load_args, median, round_order, runs_dir,
-    tap_probe, watched_xmit_calls, write_json,
+    Proc, WATCH_LOAD_ARGS, create, default_out, load, number, runs_dir, watched_xmit_calls,
 };
+use crate::cmd;
 
 /// Seconds the load waits before sending, so that `tap-probe watch` (which polls for new
 /// namespaces every interval) has found the load's tap by then.
@@ -38,7 +40,7 @@ const BPFTRACE_ATTACH_WAIT: Duration = Duration::from_secs(10);
 const WATCH_ATTACH_WAIT: Duration = Duration::from_secs(30);
 
 /// The load's report field read as throughput.
-const THROUGHPUT_FIELD: &str = "delivered_pps";
+const THROUGHPUT: &str = "delivered_pps";
 
 /// Goal: tap-probe keeps at least this share of the unprobed throughput.
 const GOAL_MIN_RATIO: f64 = 0.97;
@@ -47,7 +49,7 @@ const GOAL_MIN_RATIO: f64 = 0.97;
 const GOAL_MAX_LOSS_RATIO: f64 = 1.0 / 3.0;
 
 /// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
-pub type Args = super::RoundArgs;
+pub(crate) type Args = super::RoundArgs;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -60,10 +62,6 @@ enum Variant {
     Bpftrace,
 }
 
-impl Variant {
-    const ALL: [Self; 3] = [Self::ProbeOff, Self::TapProbe, Self::Bpftrace];
-}
-
 impl fmt::Display for Variant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -74,24 +72,17 @@ impl fmt::Display for Variant {
     }
 }
 
+/// What one run measured.
 #[derive(Debug, Serialize)]
-struct Run {
-    round: u32,
-    variant: Variant,
-    delivered_pps: f64,
+struct Measured {
+    delivered_pps: Option<f64>,
+    sender_pps: Option<f64>,
+    sent: Option<u64>,
+    elapsed_s: Option<f64>,
+    /// B only: driver calls the watch counted on the load's tap.
+    xmit_calls: Option<u64>,
     /// The load's whole report.
     report: Value,
-}
-
-#[derive(Debug, Serialize)]
-struct Results {
-    bench: &'static str,
-    kernel: String,
-    config: Config,
-    runs: Vec<Run>,
-    medians: Medians,
-    ratios: Ratios,
-    goals: Goals,
 }
 
 #[derive(Debug, Serialize)]
@@ -103,105 +94,144 @@ struct Config {
     bpftrace_program: &'static str,
 }
 
-#[derive(Debug, Serialize)]
-struct Medians {
-    probe_off: f64,
-    tap_probe: f64,
-    bpftrace: f64,
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "packet counts far below 2^52, as numbers for the table"
+)]
+fn measures() -> [Measure<Measured>; 5] {
+    [
+        Measure {
+            name: THROUGHPUT,
+            value: |m| m.delivered_pps,
+            digits: 0,
+        },
+        Measure {
+            name: "sender_pps",
+            value: |m| m.sender_pps,
+            digits: 0,
+        },
+        Measure {
+            name: "sent",
+            value: |m| m.sent.map(|n| n as f64),
+            digits: 0,
+        },
+        Measure {
+            name: "xmit_calls",
+            value: |m| m.xmit_calls.map(|n| n as f64),
+            digits: 0,
+        },
+        Measure {
+            name: "elapsed_s",
+            value: |m| m.elapsed_s,
+            digits: 2,
+        },
+    ]
 }
 
-#[derive(Debug, Serialize)]
-struct Ratios {
-    /// B/A.
-    tap_probe_over_off: f64,
-    /// C/A.
-    bpftrace_over_off: f64,
-    /// (1 - B/A) / (1 - C/A); `null` when bpftrace lost nothing.
-    loss_ratio: Option<f64>,
-}
-
-#[derive(Debug, Serialize)]
-struct Goals {
-    throughput: Goal,
-    loss_vs_bpftrace: Goal,
-}
-
-#[derive(Debug, Serialize)]
-struct Goal {
-    rule: String,
-    value: Option<f64>,
-    met: bool,
-}
-
-/// Runs `cargo xtask bench overhead`.
+/// Runs `cargo xtask bench overhead` with the release `tap_probe`.
 ///
 /// # Errors
-/// If any run fails: a process exits non-zero, or the load's report lacks its throughput.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+/// If any run fails or is invalid; the results are written first.
+pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| default_out("overhead"));
     let dir = runs_dir(&out)?;
-    let mut runs = Vec::new();
-    for round in 1..=args.pairs {
-        for variant in round_order(Variant::ALL, round - 1) {
-            eprintln!(
-                "==> bench overhead: round {round}/{}: {variant}",
-                args.pairs
-            );
-            let run = run_once(round, variant, args.duration, &dir)
-                .with_context(|| format!("round {round}, {variant}"))?;
-            eprintln!("    {THROUGHPUT_FIELD} = {:.0}", run.delivered_pps);
-            runs.push(run);
-        }
-    }
-    let results = summarize(args, runs);
-    print_table(&results);
-    write_json(&out, &results)?;
-    eprintln!(
-        "xtask bench overhead: results in {} (raw output in {})",
-        out.display(),
-        dir.display()
-    );
-    Ok(())
+    let schedule = Schedule {
+        variants: vec![Variant::ProbeOff, Variant::TapProbe, Variant::Bpftrace],
+        rounds: args.pairs,
+        warm_up: false,
+    };
+    let runs = super::ab::run_on_host("overhead", &schedule, |round, variant| {
+        let tag = format!("round{:02}-{variant}", round.map_or(0, |r| r + 1));
+        run_once(tap_probe, &tag, variant, args.duration, &dir)
+    })?;
+    let config = Config {
+        pairs: args.pairs,
+        duration_s: args.duration,
+        start_delay_s: START_DELAY_S,
+        throughput_field: THROUGHPUT,
+        bpftrace_program: BPFTRACE_PROGRAM,
+    };
+    let measures = measures();
+    let mut results = Results::new("overhead", config, &schedule, runs, &measures, THROUGHPUT);
+    let ratio = |v| results.variant(v).and_then(|s| s.ratio);
+    let (tap_probe_ratio, bpftrace_ratio) = (ratio(Variant::TapProbe), ratio(Variant::Bpftrace));
+    let loss_ratio = tap_probe_ratio
+        .zip(bpftrace_ratio)
+        .filter(|&(_, c)| c < 1.0)
+        .map(|(b, c)| (1.0 - b) / (1.0 - c));
+    results.goals = vec![
+        Goal::at_least(
+            format!("tap-probe/probe-off >= {GOAL_MIN_RATIO}"),
+            tap_probe_ratio,
+            GOAL_MIN_RATIO,
+        ),
+        Goal::at_most(
+            "loss(tap-probe) <= loss(bpftrace)/3, loss(X) = 1 - X/probe-off",
+            loss_ratio,
+            GOAL_MAX_LOSS_RATIO,
+        ),
+    ];
+    eprintln!("raw output of every run in {}", dir.display());
+    results.finish(&measures, &out)
 }
 
-fn run_once(round: u32, variant: Variant, duration: u32, dir: &Path) -> anyhow::Result<Run> {
-    let tag = format!("round{round:02}-{variant}");
+fn run_once(
+    tap_probe: &Path,
+    tag: &str,
+    variant: Variant,
+    duration: u32,
+    dir: &Path,
+) -> anyhow::Result<(Status, Measured)> {
+    let watch_out = dir.join(format!("{tag}-watch.jsonl"));
     let observer = match variant {
         Variant::ProbeOff => None,
-        Variant::TapProbe => Some(Observer::watch(&dir.join(format!("{tag}-watch.jsonl")))?),
+        Variant::TapProbe => Some(Observer::watch(tap_probe, &watch_out)?),
         Variant::Bpftrace => Some(Observer::bpftrace(
             &dir.join(format!("{tag}-bpftrace.txt")),
         )?),
     };
-    let report_path = dir.join(format!("{tag}-load.json"));
-    let mut load = tap_probe();
-    load.args(load_args(duration, START_DELAY_S))
-        .stdout(create(&report_path)?);
-    // Generous: the load bounds itself; this only catches a hang.
-    let timeout = Duration::from_secs(u64::from(duration + START_DELAY_S) + 60);
-    Proc::spawn(&mut load)?.wait(timeout)?;
+    let report = load(tap_probe, dir, tag, duration, START_DELAY_S)?;
     if let Some(observer) = observer {
         observer.stop()?;
     }
-    let report = super::read_report(&report_path)?;
-    if variant == Variant::TapProbe {
-        check_watch_counted(&dir.join(format!("{tag}-watch.jsonl")), &report)?;
-    }
-    let delivered_pps = report
-        .get(THROUGHPUT_FIELD)
-        .and_then(Value::as_f64)
-        .with_context(|| {
-            format!(
-                "{} has no number `{THROUGHPUT_FIELD}`",
-                report_path.display()
-            )
-        })?;
-    Ok(Run {
-        round,
-        variant,
-        delivered_pps,
-        report,
-    })
+    let sent = report.get("sent").and_then(Value::as_u64);
+    let xmit_calls = (variant == Variant::TapProbe)
+        .then(|| counted_xmit_calls(&watch_out))
+        .transpose()?;
+    let status = match (number(&report, THROUGHPUT), sent, xmit_calls) {
+        (None, _, _) | (_, None, _) => {
+            Status::Failed(format!("the load's report has no `{THROUGHPUT}` or `sent`"))
+        }
+        // A probe that counted less than it should would look cheaper than it is.
+        (_, Some(sent), Some(counted)) if counted != sent => Status::Invalid(format!(
+            "tap-probe watch counted {counted} driver calls on the load's tap, the load sent \
+             {sent}: the probe did not watch the whole run ({})",
+            watch_out.display()
+        )),
+        _ => Status::Valid,
+    };
+    Ok((
+        status,
+        Measured {
+            delivered_pps: number(&report, THROUGHPUT),
+            sender_pps: number(&report, "sender_pps"),
+            sent,
+            elapsed_s: number(&report, "elapsed_secs"),
+            xmit_calls,
+            report,
+        },
+    ))
+}
+
+/// The driver calls the watch's JSON lines show on the load's tap.
+fn counted_xmit_calls(watch_out: &Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(watch_out)
+        .with_context(|| format!("reading {}", watch_out.display()))?;
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    Ok(watched_xmit_calls(&lines))
 }
 
 /// A probe running beside the load.
@@ -212,8 +242,8 @@ struct Observer {
 }
 
 impl Observer {
-    fn watch(out: &Path) -> anyhow::Result<Self> {
-        let mut watch = tap_probe();
+    fn watch(tap_probe: &Path, out: &Path) -> anyhow::Result<Self> {
+        let mut watch = cmd::new(tap_probe);
         watch.args(WATCH_LOAD_ARGS).stdout(create(out)?);
         let mut proc = Proc::spawn(&mut watch)?;
         // Its first report means the probes are attached; only then may traffic start, or a
@@ -239,7 +269,7 @@ impl Observer {
     }
 
     fn bpftrace(out: &Path) -> anyhow::Result<Self> {
-        let mut bpftrace = crate::cmd::new("bpftrace");
+        let mut bpftrace = cmd::new("bpftrace");
         bpftrace
             .args(["-e", BPFTRACE_PROGRAM])
             .stdout(Stdio::piped());
@@ -285,135 +315,5 @@ impl Observer {
                 .context("copying bpftrace output")?;
         }
         Ok(())
-    }
-}
-
-/// A probe that counted nothing would make variant B look free: the watch must have seen
-/// every packet the load handed to the stack as a driver call on the load's tap.
-fn check_watch_counted(watch_out: &Path, report: &Value) -> anyhow::Result<()> {
-    let sent = report
-        .get("sent")
-        .and_then(Value::as_u64)
-        .context("the load report has no `sent` count")?;
-    let text = std::fs::read_to_string(watch_out)
-        .with_context(|| format!("reading {}", watch_out.display()))?;
-    let lines: Vec<Value> = text
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
-    let counted = watched_xmit_calls(&lines);
-    if counted != sent {
-        bail!(
-            "tap-probe watch counted {counted} driver calls on the load's tap, the load sent \
-             {sent}: the probe did not watch the whole run ({})",
-            watch_out.display()
-        );
-    }
-    Ok(())
-}
-
-fn summarize(args: &Args, runs: Vec<Run>) -> Results {
-    let median_of = |variant| {
-        let values: Vec<f64> = runs
-            .iter()
-            .filter(|run| run.variant == variant)
-            .map(|run| run.delivered_pps)
-            .collect();
-        median(&values)
-    };
-    let medians = Medians {
-        probe_off: median_of(Variant::ProbeOff),
-        tap_probe: median_of(Variant::TapProbe),
-        bpftrace: median_of(Variant::Bpftrace),
-    };
-    let tap_probe_over_off = medians.tap_probe / medians.probe_off;
-    let bpftrace_over_off = medians.bpftrace / medians.probe_off;
-    let (loss_tap_probe, loss_bpftrace) = (1.0 - tap_probe_over_off, 1.0 - bpftrace_over_off);
-    let loss_ratio = (loss_bpftrace > 0.0).then(|| loss_tap_probe / loss_bpftrace);
-    let goals = Goals {
-        throughput: Goal {
-            rule: format!("tap-probe/probe-off >= {GOAL_MIN_RATIO}"),
-            value: Some(tap_probe_over_off),
-            met: tap_probe_over_off >= GOAL_MIN_RATIO,
-        },
-        loss_vs_bpftrace: Goal {
-            rule: "loss(tap-probe) <= loss(bpftrace)/3, loss(X) = 1 - X/probe-off".to_owned(),
-            value: loss_ratio,
-            met: loss_tap_probe <= loss_bpftrace * GOAL_MAX_LOSS_RATIO,
-        },
-    };
-    Results {
-        bench: "overhead",
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default(),
-        config: Config {
-            pairs: args.pairs,
-            duration_s: args.duration,
-            start_delay_s: START_DELAY_S,
-            throughput_field: THROUGHPUT_FIELD,
-            bpftrace_program: BPFTRACE_PROGRAM,
-        },
-        runs,
-        medians,
-        ratios: Ratios {
-            tap_probe_over_off,
-            bpftrace_over_off,
-            loss_ratio,
-        },
-        goals,
-    }
-}
-
-fn print_table(results: &Results) {
-    let field = |report: &Value, name: &str| {
-        report
-            .get(name)
-            .and_then(Value::as_f64)
-            .map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
-    };
-    println!(
-        "{:>5}  {:<10}  {:>14}  {:>14}  {:>12}  {:>12}  {:>9}",
-        "round", "variant", "delivered_pps", "sender_pps", "sent", "read", "elapsed_s"
-    );
-    for run in &results.runs {
-        let elapsed = run
-            .report
-            .get("elapsed_s")
-            .and_then(Value::as_f64)
-            .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
-        println!(
-            "{:>5}  {:<10}  {:>14.0}  {:>14}  {:>12}  {:>12}  {:>9}",
-            run.round,
-            run.variant.to_string(),
-            run.delivered_pps,
-            field(&run.report, "sender_pps"),
-            field(&run.report, "sent"),
-            field(&run.report, "read"),
-            elapsed,
-        );
-    }
-    let m = &results.medians;
-    println!();
-    println!(
-        "median delivered_pps: probe-off (A) {:.0}, tap-probe (B) {:.0}, bpftrace (C) {:.0}",
-        m.probe_off, m.tap_probe, m.bpftrace
-    );
-    let r = &results.ratios;
-    println!(
-        "B/A {:.4}, C/A {:.4}, loss ratio (1-B/A)/(1-C/A) {}",
-        r.tap_probe_over_off,
-        r.bpftrace_over_off,
-        r.loss_ratio.map_or_else(
-            || "n/a (bpftrace lost nothing)".to_owned(),
-            |v| format!("{v:.3}")
-        )
-    );
-    for goal in [&results.goals.throughput, &results.goals.loss_vs_bpftrace] {
-        println!(
-            "goal {}: {}",
-            goal.rule,
-            if goal.met { "met" } else { "NOT met" }
-        );
     }
 }

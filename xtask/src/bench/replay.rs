@@ -8,14 +8,14 @@
 //! The policies' order alternates between rounds so drift does not favour one. Results are
 //! medians over the rounds.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{default_out, median, round_order, tap_probe, write_json};
+use super::{default_out, median, round_order, write_json};
 use crate::cmd;
 
 /// About 22 M operations: a producer faster than its reader, so every policy has work.
@@ -27,7 +27,7 @@ const GOAL_REPLAY_EVENTS_PER_S: f64 = 50e6;
 const GOAL_LIVE_ITEMS_PER_S: f64 = 20e6;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Rounds (at least 5).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(5..))]
     runs: u32,
@@ -65,13 +65,13 @@ struct Results {
 ///
 /// # Errors
 /// If a run fails or prints something that is not the expected JSON.
-pub fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
     let mut replay: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     let mut live: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     for round in 0..args.runs {
         let order: Vec<usize> = round_order((0..POLICIES.len()).collect(), round);
         eprintln!("==> round {}/{}", round + 1, args.runs);
-        let out = replay_json(&order, &["--synthetic", SPEC])?;
+        let out = replay_json(tap_probe, &order, &["--synthetic", SPEC])?;
         for t in out["streams"][0]["results"]
             .as_array()
             .context("replay JSON without results")?
@@ -80,7 +80,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             replay[i].push(t["events_per_s"].as_f64().context("no events_per_s")?);
         }
         let secs = args.live_duration.to_string();
-        let out = replay_json(&order, &["--live", "--live-duration", &secs])?;
+        let out = replay_json(tap_probe, &order, &["--live", "--live-duration", &secs])?;
         for r in out.as_array().context("live JSON is not a list")? {
             let i = index_of(r["policy"].as_str().unwrap_or(""))?;
             live[i].push(r["items_per_s"].as_f64().context("no items_per_s")?);
@@ -148,8 +148,8 @@ fn index_of(policy: &str) -> anyhow::Result<usize> {
 }
 
 /// Runs `tap-probe replay --format json` with the policies in `order` and `extra`.
-fn replay_json(order: &[usize], extra: &[&str]) -> anyhow::Result<Value> {
-    let mut command = tap_probe();
+fn replay_json(tap_probe: &Path, order: &[usize], extra: &[&str]) -> anyhow::Result<Value> {
+    let mut command = cmd::new(tap_probe);
     command.args(["replay", "--format", "json"]).args(extra);
     for &i in order {
         command.args(["--policy", POLICIES[i]]);

@@ -1,0 +1,351 @@
+//! The counter table: every value tap-probe shows per device and transmit queue, declared
+//! once, in the order the table, the JSON rows and the Prometheus families show them.
+//!
+//! A `counter` entry is a field of [`QueueCounters`], which the eBPF programs increment per
+//! CPU and the loader sums over CPUs (`AddAssign`). A `metric` entry is a value the loader
+//! computes: a state, a ratio of counters, or one of the device's own kernel statistics.
+//! Adding a plain per-queue counter takes an entry here and the increment on the eBPF side;
+//! the outputs, the CPU sum and the tests follow from [`METRICS`].
+
+use crate::EventKind;
+
+/// How a value behaves over time, which decides how it is shown and exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Grows while the device is tracked (a Prometheus `counter`).
+    Counter,
+    /// A state at the moment of the refresh (a Prometheus `gauge`).
+    Gauge,
+    /// Computed from other values of the row. Not exported to Prometheus, which computes it
+    /// from the counters over whatever window a query asks for.
+    Derived,
+}
+
+/// What a value counts or measures, which decides how it is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Packets,
+    /// Events other than packets: queue transitions, reader sleeps.
+    Events,
+    /// Time; Prometheus gets seconds.
+    Nanoseconds,
+    /// Yes or no; Prometheus gets 1 or 0.
+    Flag,
+    /// A ratio per packet; undefined before the first packet.
+    PerPacket,
+}
+
+/// Where a value comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source {
+    /// A field of [`QueueCounters`], counted per CPU by the eBPF programs and summed over
+    /// CPUs by the loader.
+    Programs(fn(&QueueCounters) -> u64),
+    /// Computed from the queue's counters; `None` where undefined.
+    Counters(fn(&QueueCounters) -> Option<f64>),
+    /// Whether the queue is stopped as last observed (`QUEUE_STATE`).
+    QueueState,
+    /// The device's own statistics, as the kernel keeps them, since tracking began. The
+    /// kernel keeps them per device, so every queue row of a device shows the same value.
+    Kernel(KernelStat),
+}
+
+/// The device statistics (`IFLA_STATS64`) tap-probe compares its counters with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelStat {
+    /// tun/tap count a packet here when the reader takes it (`tun_put_user`).
+    TxPackets,
+    /// Drops inside the driver's transmit (`tun_net_xmit`'s `drop:` path).
+    TxDropped,
+}
+
+/// One value of a row.
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    /// The JSON field of a row; a dot nests it in an object (`kernel.tx_packets`).
+    pub name: &'static str,
+    /// One line, for Prometheus' `# HELP`.
+    pub help: &'static str,
+    pub kind: Kind,
+    pub unit: Unit,
+    pub source: Source,
+    /// The table's column header; `None` shows the value as a note on the column before.
+    pub column: Option<&'static str>,
+    /// The Prometheus family, without the `tap_probe_` prefix; `None`: not exported.
+    pub prometheus: Option<&'static str>,
+    /// The trace event recorded with each increment (`tap-probe record`).
+    pub event: Option<EventKind>,
+}
+
+/// Declares [`QueueCounters`], its CPU sum and [`METRICS`] from one list of entries.
+macro_rules! queue_metrics {
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($metric:tt)*]
+        $(#[doc = $doc:literal])*
+        counter $name:ident {
+            unit: $unit:ident,
+            $(event: $event:ident,)?
+            column: $column:literal,
+            prometheus: $prometheus:literal,
+            help: $help:literal $(,)?
+        }
+        $($rest:tt)*
+    ) => {
+        queue_metrics!(@munch
+            [$($def)* $(#[doc = $doc])* pub $name: u64,]
+            [$($field)* $name]
+            [$($metric)* Metric {
+                name: stringify!($name),
+                help: $help,
+                kind: Kind::Counter,
+                unit: Unit::$unit,
+                source: Source::Programs(|c| c.$name),
+                column: Some($column),
+                prometheus: Some($prometheus),
+                event: queue_metrics!(@event $($event)?),
+            },]
+            $($rest)*
+        );
+    };
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($metric:tt)*]
+        metric { $($body:tt)* }
+        $($rest:tt)*
+    ) => {
+        queue_metrics!(@munch
+            [$($def)*]
+            [$($field)*]
+            [$($metric)* Metric { $($body)* },]
+            $($rest)*
+        );
+    };
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($metric:tt)*]) => {
+        /// Counters of one transmit queue of one device: per CPU in the `COUNTERS` map, summed
+        /// over CPUs by the loader. Generated from the counter table in `counters.rs`.
+        #[repr(C)]
+        #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+        pub struct QueueCounters {
+            $($def)*
+        }
+
+        impl core::ops::AddAssign for QueueCounters {
+            /// Adds another CPU's counts.
+            fn add_assign(&mut self, other: Self) {
+                $(self.$field += other.$field;)*
+            }
+        }
+
+        /// Every value of a row, in display order.
+        pub const METRICS: &[Metric] = &[$($metric)*];
+    };
+    (@event) => { None };
+    (@event $event:ident) => { Some(EventKind::$event) };
+    ($($entries:tt)*) => {
+        queue_metrics!(@munch [] [] [] $($entries)*);
+    };
+}
+
+queue_metrics! {
+    /// Calls into the driver's `ndo_start_xmit` (every `net:net_dev_xmit`).
+    counter xmit_calls {
+        unit: Packets,
+        column: "XMIT",
+        prometheus: "xmit_calls_total",
+        help: "Calls into the driver's ndo_start_xmit.",
+    }
+    /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
+    counter enqueued {
+        unit: Packets,
+        event: Enqueued,
+        column: "ENQUEUED",
+        prometheus: "enqueued_total",
+        help: "Packets the driver took into its ring.",
+    }
+    /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
+    counter busy {
+        unit: Packets,
+        event: Busy,
+        column: "BUSY",
+        prometheus: "busy_total",
+        help: "NETDEV_TX_BUSY returns (the packet goes back to the qdisc).",
+    }
+    /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
+    counter dropped_full_ring {
+        unit: Packets,
+        event: DroppedFullRing,
+        column: "FULL_RING",
+        prometheus: "dropped_full_ring_total",
+        help: "Packets freed inside the driver because the ring was full (tail-drop).",
+    }
+    /// Freed inside the driver for any other reason (broken down in `DROP_REASONS`), or a
+    /// driver return code that is neither OK nor BUSY.
+    counter dropped_other {
+        unit: Packets,
+        event: DroppedOther,
+        column: "OTHER",
+        prometheus: "dropped_other_total",
+        help: "Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
+    }
+    /// Packets the reader copied out of the ring and released (`consume_skb` from the
+    /// tun/tap read path).
+    counter consumed {
+        unit: Packets,
+        event: Consumed,
+        column: "CONSUMED",
+        prometheus: "consumed_total",
+        help: "Packets the reader took out of the ring.",
+    }
+    /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to set, as observed.
+    counter queue_stops {
+        unit: Events,
+        event: QueueStop,
+        column: "STOPS",
+        prometheus: "queue_stops_total",
+        help: "Transitions of the queue to stopped (DRV_XOFF set).",
+    }
+    /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to clear, as observed.
+    counter queue_wakes {
+        unit: Events,
+        event: QueueWake,
+        column: "WAKES",
+        prometheus: "queue_wakes_total",
+        help: "Transitions of the queue to running (DRV_XOFF cleared).",
+    }
+    /// Nanoseconds spent stopped, summed over completed stop..wake intervals (the loader
+    /// adds a stop still running when it shows the value).
+    counter stopped_ns {
+        unit: Nanoseconds,
+        column: "STOPPED",
+        prometheus: "stopped_seconds_total",
+        help: "Time the queue spent stopped, including a stop still running.",
+    }
+    metric {
+        name: "stopped",
+        help: "1 while the queue is stopped, as last observed.",
+        kind: Kind::Gauge,
+        unit: Unit::Flag,
+        source: Source::QueueState,
+        column: None,
+        prometheus: Some("queue_stopped"),
+        event: None,
+    }
+    /// Times the queue's reader slept between two packets it took: the growth of the
+    /// reader thread's voluntary context switches (`task_struct.nvcsw`) from one take to the
+    /// next. Each is a read that found the ring empty and waited, ended by one wake-up, so
+    /// `reader_sleeps / consumed` is the wake-ups per packet delivered.
+    counter reader_sleeps {
+        unit: Events,
+        column: "SLEEPS",
+        prometheus: "reader_sleeps_total",
+        help: "Times the queue's reader slept between two packets it took.",
+    }
+    metric {
+        name: "wakeups_per_packet",
+        help: "Wake-ups of the queue's reader per packet it took (reader_sleeps / consumed).",
+        kind: Kind::Derived,
+        unit: Unit::PerPacket,
+        source: Source::Counters(wakeups_per_packet),
+        column: None,
+        prometheus: None,
+        event: None,
+    }
+    metric {
+        name: "kernel.tx_packets",
+        help: "The device's own tx_packets since tracking began (per device, on every queue).",
+        kind: Kind::Counter,
+        unit: Unit::Packets,
+        source: Source::Kernel(KernelStat::TxPackets),
+        column: Some("K_TX_PKTS"),
+        prometheus: Some("kernel_tx_packets_total"),
+        event: None,
+    }
+    metric {
+        name: "kernel.tx_dropped",
+        help: "The device's own tx_dropped since tracking began (per device, on every queue).",
+        kind: Kind::Counter,
+        unit: Unit::Packets,
+        source: Source::Kernel(KernelStat::TxDropped),
+        column: Some("K_TX_DROP"),
+        prometheus: Some("kernel_tx_dropped_total"),
+        event: None,
+    }
+}
+
+#[expect(clippy::cast_precision_loss, reason = "a ratio for display")]
+fn wakeups_per_packet(c: &QueueCounters) -> Option<f64> {
+    (c.consumed > 0).then(|| c.reader_sleeps as f64 / c.consumed as f64)
+}
+
+impl EventKind {
+    /// The counter this event is recorded with.
+    #[must_use]
+    pub fn counter(self) -> Option<&'static Metric> {
+        METRICS.iter().find(|m| m.event == Some(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_field_is_summed_and_described() {
+        let fields: Vec<fn(&QueueCounters) -> u64> = METRICS
+            .iter()
+            .filter_map(|m| match m.source {
+                Source::Programs(get) => Some(get),
+                _ => None,
+            })
+            .collect();
+        // One descriptor per u64 of the struct: none is left out of the outputs.
+        assert_eq!(fields.len() * 8, size_of::<QueueCounters>());
+        // Distinct values per field, so a field summed into another would show.
+        let mut a = QueueCounters::default();
+        let mut bytes = [0u64; 64];
+        for (i, x) in (1..).zip(&mut bytes) {
+            *x = i * 1000 + 1;
+        }
+        // SAFETY: QueueCounters is repr(C) of u64 fields only, and `bytes` holds more.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                (&raw mut a).cast::<u64>(),
+                size_of::<QueueCounters>() / 8,
+            );
+        }
+        let b = a;
+        let mut sum = a;
+        sum += b;
+        for get in &fields {
+            assert_eq!(get(&sum), get(&a) + get(&b));
+        }
+        let mut values: Vec<u64> = fields.iter().map(|get| get(&a)).collect();
+        values.sort_unstable();
+        values.dedup();
+        assert_eq!(
+            values.len(),
+            fields.len(),
+            "each descriptor reads its own field"
+        );
+    }
+
+    #[test]
+    fn names_and_event_kinds_are_unique() {
+        for (i, m) in METRICS.iter().enumerate() {
+            assert!(
+                METRICS[i + 1..].iter().all(|o| o.name != m.name),
+                "{} twice",
+                m.name
+            );
+            assert_eq!(
+                m.prometheus.is_none(),
+                m.kind == Kind::Derived,
+                "{}",
+                m.name
+            );
+        }
+        for kind in EventKind::ALL {
+            let counters = METRICS.iter().filter(|m| m.event == Some(kind)).count();
+            assert_eq!(counters, 1, "{kind:?} belongs to one counter");
+            assert_eq!(kind.counter().map(|m| m.kind), Some(Kind::Counter));
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Per-packet events for `tap-probe record`: what the programs write into the event ring,
+//! and the kinds the trace file keeps.
+
+/// Size of the `EVENTS` ring buffer in bytes (a power of two, a multiple of the page size).
+pub const EVENTS_RING_BYTES: u32 = 16 << 20;
+
+/// What happened to a packet or a queue.
+#[repr(u32)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The driver took the packet into its ring.
+    Enqueued = 1,
+    /// Freed inside the driver because the ring was full.
+    DroppedFullRing = 2,
+    /// The driver returned `NETDEV_TX_BUSY`.
+    Busy = 3,
+    /// The reader took the packet out of the ring.
+    Consumed = 4,
+    QueueStop = 5,
+    QueueWake = 6,
+    /// Freed inside the driver for another reason (`TraceEvent::reason`).
+    DroppedOther = 7,
+}
+
+impl EventKind {
+    /// Every kind, by value.
+    pub const ALL: [Self; 7] = [
+        Self::Enqueued,
+        Self::DroppedFullRing,
+        Self::Busy,
+        Self::Consumed,
+        Self::QueueStop,
+        Self::QueueWake,
+        Self::DroppedOther,
+    ];
+
+    #[must_use]
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Enqueued,
+            2 => Self::DroppedFullRing,
+            3 => Self::Busy,
+            4 => Self::Consumed,
+            5 => Self::QueueStop,
+            6 => Self::QueueWake,
+            7 => Self::DroppedOther,
+            _ => return None,
+        })
+    }
+}
+
+/// One event, as the eBPF side writes it (32 bytes).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`).
+    pub ts_ns: u64,
+    pub netns: u32,
+    pub ifindex: u32,
+    pub queue: u16,
+    pub cpu: u16,
+    /// An [`EventKind`].
+    pub kind: u32,
+    /// `enum skb_drop_reason` for `DroppedOther`, 0 otherwise.
+    pub reason: u32,
+    pub reserved: u32,
+}

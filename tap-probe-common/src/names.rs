@@ -1,0 +1,34 @@
+//! The names both sides use for maps, globals and programs: the loader finds by name what
+//! the eBPF objects define.
+
+pub const MAP_DEVICES: &str = "DEVICES";
+pub const MAP_COUNTERS: &str = "COUNTERS";
+pub const MAP_DROP_REASONS: &str = "DROP_REASONS";
+pub const MAP_QUEUE_STATE: &str = "QUEUE_STATE";
+pub const MAP_READERS: &str = "READERS";
+pub const GLOBAL_KERNEL: &str = "KERNEL";
+
+/// The tracepoint programs of the host backend, with the tracepoint each attaches to.
+pub const PROG_START_XMIT: (&str, &str) = ("net_dev_start_xmit", "net_dev_start_xmit");
+pub const PROG_XMIT: (&str, &str) = ("net_dev_xmit", "net_dev_xmit");
+pub const PROG_KFREE_SKB: (&str, &str) = ("kfree_skb", "kfree_skb");
+pub const PROG_CONSUME_SKB: (&str, &str) = ("consume_skb", "consume_skb");
+pub const PROG_QDISC_DEQUEUE: (&str, &str) = ("qdisc_dequeue", "qdisc_dequeue");
+/// The XDP program that emulates a slow reader on a veth peer, and its hold time global.
+pub const PROG_SLOW_CONSUMER: &str = "slow_consumer";
+pub const GLOBAL_SLOW_CONSUMER_NS: &str = "SLOW_CONSUMER_NS";
+
+/// Per-packet events for `tap-probe record`, written to the `EVENTS` ring buffer when the
+/// loader sets `RECORD_EVENTS` to 1.
+pub const MAP_EVENTS: &str = "EVENTS";
+/// Per-CPU count of events that did not fit in `EVENTS` (never silent).
+pub const MAP_EVENTS_LOST: &str = "EVENTS_LOST";
+pub const GLOBAL_RECORD_EVENTS: &str = "RECORD_EVENTS";
+
+/// The kprobe backend's programs.
+pub const PROG_XMIT_ENTRY: &str = "xmit_entry";
+pub const PROG_XMIT_RETURN: &str = "xmit_return";
+pub const PROG_CONSUME_ENTRY: &str = "consume_entry";
+
+/// Bumped by the loader after every change to `DEVICES`: invalidates `DeviceCache`s.
+pub const MAP_GENERATION: &str = "GENERATION";

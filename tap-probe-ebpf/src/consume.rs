@@ -1,0 +1,111 @@
+//! Reader takes: a packet the reader (QEMU, vhost-net, any tap reader) took out of the ring,
+//! and how often that reader slept between takes.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_task,
+    macros::{kprobe, map, raw_tracepoint},
+    maps::Array,
+    programs::{ProbeContext, RawTracePointContext},
+};
+use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS, MAX_READER_RANGES, ReaderState};
+
+use crate::counters::counters;
+use crate::device::locate;
+use crate::events::record;
+use crate::facts::{KERNEL, fact, read};
+
+/// Per queue slot: its reader at the last take. Shared between CPUs without atomics: a
+/// queue's reader is one thread (a tap queue is one file, read by the thread that owns it),
+/// and its takes do not overlap; two threads taking turns on one queue only reset each
+/// other's baseline, so sleeps are then undercounted, never invented.
+#[map]
+static READERS: Array<ReaderState> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
+
+/// A free of `skb` called from `location`: the reader's take when freed from the tun/tap
+/// read path (`tun_do_read`: `tun_put_user`, then `consume_skb`), which is also where tun counts
+/// `tx_packets`.
+#[inline(always)]
+fn freed_after_use(skb: u64, location: u64) {
+    if !in_reader(location) {
+        return;
+    }
+    let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
+        return;
+    };
+    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
+        return;
+    };
+    let Some(at) = locate(dev, queue) else {
+        return;
+    };
+    if let Some(c) = counters(at.slot) {
+        c.consumed += 1;
+        c.reader_sleeps += reader_sleeps_since_last_take(at.slot);
+        record(at, EventKind::Consumed, 0);
+    }
+}
+
+/// Called in the reader's context at each take: how many times the current thread slept
+/// voluntarily since its previous take from the same queue (0 at its first take).
+#[inline(always)]
+fn reader_sleeps_since_last_take(slot: u32) -> u64 {
+    // The running task: its address names the thread (one helper call fewer than the tid).
+    let task = unsafe { bpf_get_current_task() };
+    let Some(nvcsw) = read::<u64>(task, fact!(task_nvcsw)) else {
+        return 0;
+    };
+    let Some(last) = READERS.get_ptr_mut(slot) else {
+        return 0;
+    };
+    // SAFETY: see READERS.
+    let last = unsafe { &mut *last };
+    // A count that went down is another thread whose task_struct reuses the memory of an
+    // exited one: a new baseline, like any other change of reader.
+    let slept = if last.task == task && nvcsw >= last.nvcsw {
+        nvcsw - last.nvcsw
+    } else {
+        last.task = task;
+        0
+    };
+    last.nvcsw = nvcsw;
+    slept
+}
+
+/// `consume_skb(skb, location)`: the tracepoint source of reader takes (Linux >= 6.3, where
+/// the tracepoint carries its caller's address).
+#[raw_tracepoint(tracepoint = "consume_skb")]
+pub(crate) fn consume_skb(ctx: RawTracePointContext) -> i32 {
+    freed_after_use(ctx.arg(0), ctx.arg(1));
+    0
+}
+
+/// The kprobe source of reader takes, on any kernel: at the entry of `consume_skb(skb)`
+/// the return address, i.e. the caller's location, is the word at the stack pointer.
+#[kprobe]
+pub(crate) fn consume_entry(ctx: ProbeContext) -> u32 {
+    let Some(skb) = ctx.arg::<u64>(0) else {
+        return 0;
+    };
+    // SAFETY: regs points at the probed context's saved registers.
+    let sp = unsafe { (*ctx.regs).rsp };
+    if let Some(location) = read::<u64>(sp, 0) {
+        freed_after_use(skb, location);
+    }
+    0
+}
+
+/// Whether `location` lies in one of the read-path ranges the loader found in kallsyms.
+#[inline(always)]
+fn in_reader(location: u64) -> bool {
+    let n = fact!(reader_range_count) as usize;
+    for i in 0..MAX_READER_RANGES {
+        if i >= n {
+            break;
+        }
+        let range = unsafe { core::ptr::read_volatile(&raw const KERNEL.reader_ranges[i]) };
+        if location >= range.start && location < range.end {
+            return true;
+        }
+    }
+    false
+}

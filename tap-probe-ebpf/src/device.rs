@@ -1,0 +1,66 @@
+//! Which devices are tracked, and where each of their queues is counted: the loader puts a
+//! tracked device in `DEVICES` with a range of slots, one per transmit queue.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use tap_probe_common::{DeviceCache, DeviceKey, DeviceSlot, MAX_DEVICES};
+
+use crate::facts::{fact, read};
+
+#[map]
+static DEVICES: HashMap<DeviceKey, DeviceSlot> = HashMap::with_max_entries(MAX_DEVICES, 0);
+
+/// Bumped by the loader after every change to `DEVICES`: invalidates the caches below.
+#[map]
+static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+static DEVICE_CACHE: PerCpuArray<DeviceCache> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where an event happened: the device, its queue, and that queue's counter slot.
+#[derive(Clone, Copy)]
+pub(crate) struct At {
+    pub(crate) key: DeviceKey,
+    pub(crate) slot: u32,
+    pub(crate) queue: u16,
+}
+
+/// The tracked device at `dev`, through this CPU's one-entry cache.
+#[inline(always)]
+fn device(dev: u64) -> Option<DeviceCache> {
+    let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
+    let generation = GENERATION.get(0).copied().unwrap_or(0);
+    let cache = DEVICE_CACHE.get_ptr_mut(0)?;
+    // SAFETY: per-CPU; the programs sharing it do not interleave on one CPU mid-update
+    // (and a torn entry would fail the checks below and be refilled).
+    let cache = unsafe { &mut *cache };
+    if cache.dev != dev || cache.generation != generation || cache.key.ifindex != ifindex {
+        let net: u64 = read(dev, fact!(dev_net))?;
+        let netns: u32 = read(net, fact!(net_inum))?;
+        let key = DeviceKey { netns, ifindex };
+        // SAFETY: the value is copied out before any other map operation.
+        let slot = unsafe { DEVICES.get(key) }.copied().unwrap_or_default();
+        *cache = DeviceCache {
+            dev,
+            generation,
+            key,
+            base: slot.base,
+            queues: slot.queues,
+        };
+    }
+    (cache.queues != 0).then_some(*cache)
+}
+
+/// Where `queue` of the `net_device` at `dev` is counted, if that device is tracked.
+#[inline(always)]
+pub(crate) fn locate(dev: u64, queue: u16) -> Option<At> {
+    let d = device(dev)?;
+    // The loader sizes each device by its num_tx_queues, which bounds queue_mapping.
+    (u32::from(queue) < d.queues).then_some(At {
+        key: d.key,
+        slot: d.base + u32::from(queue),
+        queue,
+    })
+}

@@ -1,0 +1,49 @@
+//! Per-packet events for `tap-probe record`, written to the `EVENTS` ring buffer when the
+//! loader sets `RECORD_EVENTS`. An event that does not fit is counted, never dropped
+//! silently.
+
+use aya_ebpf::{
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+};
+use tap_probe_common::{EVENTS_RING_BYTES, EventKind, TraceEvent};
+
+use crate::device::At;
+
+/// 1 when `tap-probe record` wants per-packet events; set by the loader.
+#[unsafe(no_mangle)]
+static RECORD_EVENTS: u32 = 0;
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+/// Events that found `EVENTS` full, per CPU.
+#[map]
+static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Emits a per-packet event when recording.
+#[inline(always)]
+pub(crate) fn record(at: At, kind: EventKind, reason: u32) {
+    if unsafe { core::ptr::read_volatile(&raw const RECORD_EVENTS) } == 0 {
+        return;
+    }
+    let event = TraceEvent {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        netns: at.key.netns,
+        ifindex: at.key.ifindex,
+        queue: at.queue,
+        // CPU ids fit 16 bits (NR_CPUS is at most 8192).
+        #[expect(clippy::cast_possible_truncation, reason = "see above")]
+        cpu: unsafe { bpf_get_smp_processor_id() } as u16,
+        kind: kind as u32,
+        reason,
+        reserved: 0,
+    };
+    if EVENTS.output::<TraceEvent>(&event, 0).is_err()
+        && let Some(lost) = EVENTS_LOST.get_ptr_mut(0)
+    {
+        // SAFETY: per-CPU.
+        unsafe { *lost += 1 };
+    }
+}

@@ -1,0 +1,85 @@
+//! The queue's `__QUEUE_STATE_DRV_XOFF` bit: stops, wakes and time stopped, observed after
+//! every driver call and at every qdisc dequeue.
+
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
+    macros::{map, raw_tracepoint},
+    maps::Array,
+    programs::RawTracePointContext,
+};
+use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS};
+
+use crate::counters::counters;
+use crate::device::{At, locate};
+use crate::events::record;
+use crate::facts::{fact, read};
+
+/// Per queue slot: 0 while the queue runs, `since_ns | 1` while it is stopped.
+///
+/// Shared between CPUs, yet read and written without atomics: a queue only stops under a
+/// qdisc (tun's series and veth stop the queue only when a qdisc is attached), and then every
+/// transmit and every dequeue of that queue runs under the qdisc's running state
+/// (`qdisc_run_begin`, `net/sched/sch_generic.c`), which serialises the observers below.
+#[map]
+static QUEUE_STATE: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
+
+/// Compares the `DRV_XOFF` bit of the queue at `txq` with what was last seen for it and
+/// counts the transition, if any.
+#[inline(always)]
+pub(crate) fn observe_queue(txq: u64, at: At) {
+    let Some(state) = read::<u64>(txq, fact!(txq_state)) else {
+        return;
+    };
+    let Some(seen) = QUEUE_STATE.get_ptr_mut(at.slot) else {
+        return;
+    };
+    let stopped = state & u64::from(fact!(drv_xoff_mask)) != 0;
+    // SAFETY: see QUEUE_STATE: the observers of one queue are serialised by its qdisc.
+    let since = unsafe { *seen };
+    if stopped == (since != 0) {
+        return;
+    }
+    let Some(c) = counters(at.slot) else { return };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if stopped {
+        unsafe { *seen = now | 1 };
+        c.queue_stops += 1;
+        record(at, EventKind::QueueStop, 0);
+    } else {
+        unsafe { *seen = 0 };
+        c.queue_wakes += 1;
+        c.stopped_ns += now.saturating_sub(since & !1);
+        record(at, EventKind::QueueWake, 0);
+    }
+}
+
+/// The `netdev_queue` of `queue` of the `net_device` at `dev`.
+#[inline(always)]
+pub(crate) fn txq_of(dev: u64, queue: u16) -> Option<u64> {
+    let tx: u64 = read(dev, fact!(dev_tx))?;
+    Some(tx + u64::from(queue) * u64::from(fact!(txq_size)))
+}
+
+/// `qdisc_dequeue(qdisc, txq, packets, skb)`: the qdisc looks at the queue; a wake shows
+/// here first, since `netif_tx_wake_queue` reschedules the qdisc.
+#[raw_tracepoint(tracepoint = "qdisc_dequeue")]
+pub(crate) fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
+    let txq: u64 = ctx.arg(1);
+    let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else {
+        return 0;
+    };
+    let Some(tx) = read::<u64>(dev, fact!(dev_tx)) else {
+        return 0;
+    };
+    let size = u64::from(fact!(txq_size));
+    if size == 0 || txq < tx {
+        return 0;
+    }
+    let Ok(queue) = u16::try_from((txq - tx) / size) else {
+        return 0;
+    };
+    if let Some(at) = locate(dev, queue) {
+        observe_queue(txq, at);
+    }
+    0
+}

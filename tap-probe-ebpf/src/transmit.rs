@@ -1,0 +1,177 @@
+//! Driver calls: the start and end of each `ndo_start_xmit` on a tracked device, what the
+//! driver did with the packet, and the drops that happen inside the call.
+
+use aya_ebpf::{
+    EbpfContext,
+    macros::{kprobe, kretprobe, map, raw_tracepoint},
+    maps::PerCpuArray,
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
+};
+use aya_log_ebpf::debug;
+use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
+
+use crate::counters::{count_reason, counters};
+use crate::device::{At, locate};
+use crate::events::record;
+use crate::facts::{fact, read};
+use crate::queue_state::{observe_queue, txq_of};
+
+/// The driver call in flight on this CPU, between its start and its end.
+#[map]
+static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
+
+/// A driver call begins: remember it for this CPU.
+#[inline(always)]
+fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
+    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
+        return;
+    };
+    let Some(at) = locate(dev, queue) else {
+        return;
+    };
+    if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
+        // SAFETY: per-CPU, and the transmit path runs with bottom halves disabled.
+        let f = unsafe { &mut *f };
+        if f.skb != 0 {
+            // The end of the call before was never seen (a missed return probe), or a
+            // tracked device transmits from inside another's driver call: that call is
+            // left uncounted.
+            debug!(
+                ctx,
+                "driver call on slot {} began before the last one ended", at.slot
+            );
+        }
+        *f = InFlight {
+            skb,
+            dev,
+            key: at.key,
+            slot: at.slot,
+            queue,
+            dropped: 0,
+        };
+    }
+}
+
+/// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
+#[raw_tracepoint(tracepoint = "net_dev_start_xmit")]
+pub(crate) fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
+    xmit_begin(&ctx, ctx.arg(0), ctx.arg(1));
+    0
+}
+
+/// The kprobe source of a driver call's start: `tun_net_xmit(skb, dev)`, `veth_xmit(skb,
+/// dev)` (every `ndo_start_xmit` has that signature).
+#[kprobe]
+pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
+    if let (Some(skb), Some(dev)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) {
+        xmit_begin(&ctx, skb, dev);
+    }
+    0
+}
+
+/// `kfree_skb(skb, location, reason, rx_sk)`: a drop; it is the driver's when it frees the
+/// skb of the call in flight on this CPU (`tun_net_xmit`'s `drop:` label,
+/// `drivers/net/tun.c`).
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
+    let skb: u64 = ctx.arg(0);
+    // `enum skb_drop_reason`, passed in a 64-bit argument register.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "an enum's values fit 32 bits"
+    )]
+    let reason = ctx.arg::<u64>(2) as u32;
+    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU; see xmit_begin.
+    let f = unsafe { &mut *f };
+    if f.skb != skb || skb == 0 {
+        return 0;
+    }
+    f.dropped = 1;
+    let at = At {
+        key: f.key,
+        slot: f.slot,
+        queue: f.queue,
+    };
+    let Some(c) = counters(at.slot) else {
+        return 0;
+    };
+    if reason == fact!(reason_full_ring) {
+        c.dropped_full_ring += 1;
+        record(at, EventKind::DroppedFullRing, 0);
+    } else {
+        c.dropped_other += 1;
+        count_reason(&ctx, at.slot, reason);
+        record(at, EventKind::DroppedOther, reason);
+    }
+    0
+}
+
+/// The driver returned `rc` for the call in flight on this CPU. `skb` is checked against it
+/// when the source knows it (a return probe does not).
+#[inline(always)]
+fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
+    let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU; see xmit_begin.
+    let f = unsafe { &mut *f };
+    if f.skb == 0 || skb.is_some_and(|skb| skb != f.skb) {
+        return;
+    }
+    let InFlight {
+        dev,
+        key,
+        slot,
+        queue,
+        dropped,
+        ..
+    } = *f;
+    f.skb = 0;
+    let at = At { key, slot, queue };
+    let Some(c) = counters(slot) else {
+        return;
+    };
+    c.xmit_calls += 1;
+    // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, a NET_XMIT_* code (tun answers a drop
+    // with NET_XMIT_DROP), or a negative errno some drivers pass up.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low 32 bits are the int"
+    )]
+    let rc = rc as u32;
+    if rc == fact!(tx_busy) {
+        c.busy += 1;
+        record(at, EventKind::Busy, 0);
+    } else if dropped == 0 {
+        if rc == 0 {
+            c.enqueued += 1;
+            record(at, EventKind::Enqueued, 0);
+        } else {
+            c.dropped_other += 1;
+            count_reason(ctx, slot, DROP_REASON_XMIT_ERROR);
+            record(at, EventKind::DroppedOther, DROP_REASON_XMIT_ERROR);
+        }
+    }
+    if let Some(txq) = txq_of(dev, queue) {
+        observe_queue(txq, at);
+    }
+}
+
+/// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.
+#[raw_tracepoint(tracepoint = "net_dev_xmit")]
+pub(crate) fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
+    xmit_end(&ctx, Some(ctx.arg(0)), ctx.arg(1));
+    0
+}
+
+/// The kprobe source of a driver call's end: the return of the function `xmit_entry`
+/// probes. Entry and return run on one CPU with bottom halves disabled, and no driver's
+/// transmit nests into another's, so the call in flight is this one.
+#[kretprobe]
+pub(crate) fn xmit_return(ctx: RetProbeContext) -> u32 {
+    xmit_end(&ctx, None, ctx.ret::<u64>());
+    0
+}

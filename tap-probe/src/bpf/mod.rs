@@ -1,0 +1,7 @@
+//! The eBPF side as the loader sees it: the objects, the backends that choose which hooks
+//! feed each counter, and the loaded probe with its maps.
+
+pub(crate) mod backend;
+pub(crate) mod object;
+pub(crate) mod probe;
+pub(crate) mod slots;

@@ -1,0 +1,327 @@
+//! The loaded eBPF object: attach, decide which devices are tracked, read their counters.
+//!
+//! Each tracked device owns `queues` consecutive slots of the counter map, handed out by
+//! [`Slots`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context as _, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{
+        Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
+    },
+};
+use tap_probe_common::{
+    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS, MAP_DEVICES,
+    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE, MAP_READERS,
+    MAX_QUEUE_SLOTS, QueueCounters, ReaderState,
+};
+
+use crate::bpf::backend::{Backend, Sources};
+use crate::bpf::object::Object;
+use crate::bpf::slots::Slots;
+use crate::kernel::KernelInfo;
+
+/// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
+/// as the returned descriptor is open; it costs two clock reads per program run.
+///
+/// # Errors
+/// When the kernel refuses `BPF_ENABLE_STATS`.
+pub(crate) fn enable_run_stats() -> anyhow::Result<std::os::fd::OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF run statistics")
+}
+
+/// One program's cost, as the kernel measured it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct ProgramStats {
+    pub(crate) program: String,
+    pub(crate) runs: u64,
+    pub(crate) mean_ns: u64,
+}
+
+/// The size of the event ring when nothing records: one page.
+const EVENTS_RING_IDLE_BYTES: u32 = 4096;
+
+/// Counters of one device, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DeviceCounters {
+    /// One entry per transmit queue.
+    pub(crate) queues: Vec<QueueCounters>,
+    /// Per queue: when the queue was last seen stopped and is not yet seen woken
+    /// (`CLOCK_MONOTONIC` ns), so a live display can add the running interval.
+    pub(crate) stopped_since: Vec<Option<u64>>,
+    /// `(queue, enum skb_drop_reason value) -> count` for `dropped_other`.
+    pub(crate) drop_reasons: BTreeMap<(u32, u32), u64>,
+}
+
+pub(crate) struct Probe {
+    ebpf: Ebpf,
+    /// The programs' debug messages, when the log level shows them.
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    sources: Sources,
+    cpus: usize,
+    tracked: HashMap<DeviceKey, DeviceSlot>,
+    slots: Slots,
+    /// The value last written to `GENERATION`.
+    generation: u64,
+}
+
+impl Probe {
+    /// As [`Probe::attach_backend`] with `auto`, and the programs also emit per-packet
+    /// [`tap_probe_common::TraceEvent`]s into the ring buffer that [`Probe::take_events`] hands out.
+    ///
+    /// # Errors
+    /// As [`Probe::attach_backend`].
+    pub(crate) fn attach_recording(kernel: &KernelInfo) -> anyhow::Result<Self> {
+        Self::attach_backend(kernel, Backend::Auto, true)
+    }
+
+    /// Loads the object and attaches the sources `backend` calls for (see
+    /// [`crate::bpf::backend`]); `record` turns on per-packet events.
+    ///
+    /// # Errors
+    /// When the kernel refuses to load or attach a program (nothing stays attached then), or
+    /// a forced backend is not available here.
+    pub(crate) fn attach_backend(
+        kernel: &KernelInfo,
+        backend: Backend,
+        record: bool,
+    ) -> anyhow::Result<Self> {
+        // The programs report rare anomalies with aya-log at debug level. Below that level
+        // they are switched off in the object's read-only data, so the verifier prunes them.
+        let log_debug = log::max_level() >= log::LevelFilter::Debug;
+        let log_level: u8 = if log_debug {
+            aya_log::Level::Debug.into()
+        } else {
+            0
+        };
+        let record_events = u32::from(record);
+        let mut loader = EbpfLoader::new();
+        loader
+            .override_global(GLOBAL_KERNEL, &kernel.facts, true)
+            .override_global(GLOBAL_RECORD_EVENTS, &record_events, true)
+            .override_global(aya_log::LEVEL, &log_level, false);
+        if !record {
+            // Without recording nothing writes the event ring: one page instead of 16 MiB of
+            // locked kernel memory (a ring buffer is a power of two of pages).
+            loader.map_max_entries(MAP_EVENTS, EVENTS_RING_IDLE_BYTES);
+        }
+        let mut ebpf = Object::Probe.load(&mut loader)?;
+        let logger = if log_debug {
+            aya_log::EbpfLogger::init(&mut ebpf)
+                .map_err(|err| log::debug!("no log from the eBPF programs: {err}"))
+                .ok()
+        } else {
+            None
+        };
+        let sources = crate::bpf::backend::attach(&mut ebpf, backend, kernel)?;
+        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
+        Ok(Self {
+            ebpf,
+            logger,
+            sources,
+            cpus,
+            tracked: HashMap::new(),
+            slots: Slots::new(MAX_QUEUE_SLOTS),
+            generation: 0,
+        })
+    }
+
+    /// The kernel's own accounting of each attached program: runs and time spent, which
+    /// the kernel keeps while [`enable_run_stats`] is held. Programs this backend did not
+    /// load are left out.
+    pub(crate) fn program_stats(&self) -> Vec<ProgramStats> {
+        let mut out = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            let Ok(info) = program.info() else {
+                continue; // not loaded: this backend does not use it
+            };
+            let runs = info.run_count();
+            let ns = u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            out.push(ProgramStats {
+                program: name.to_owned(),
+                runs,
+                mean_ns: ns.checked_div(runs).unwrap_or(0),
+            });
+        }
+        out.sort_by(|a, b| a.program.cmp(&b.program));
+        out
+    }
+
+    /// Passes the programs' messages since the last call on to the log.
+    pub(crate) fn flush_log(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+
+    /// What feeds each counter.
+    #[must_use]
+    pub(crate) fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    /// Starts counting for a device with `queues` transmit queues, from zero.
+    ///
+    /// # Errors
+    /// When the counter map has no room left or a map update fails.
+    pub(crate) fn track(&mut self, key: DeviceKey, queues: u32) -> anyhow::Result<()> {
+        if self.tracked.contains_key(&key) {
+            return Ok(());
+        }
+        let queues = queues.max(1);
+        let base = self.slots.allocate(queues).ok_or_else(|| {
+            anyhow!(
+                "no room for {queues} more queues ({MAX_QUEUE_SLOTS} slots in all): \
+                 narrow the devices watched with --dev or --netns"
+            )
+        })?;
+        self.reset(base, queues)?;
+        let slot = DeviceSlot { base, queues };
+        let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
+            BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
+        devices.insert(key, slot, 0).context("adding a device")?;
+        self.tracked.insert(key, slot);
+        self.next_generation()
+    }
+
+    /// Stops counting for a device; its slots are reused after the next generation.
+    ///
+    /// # Errors
+    /// When the map update fails.
+    pub(crate) fn untrack(&mut self, key: DeviceKey) -> anyhow::Result<()> {
+        let Some(slot) = self.tracked.remove(&key) else {
+            return Ok(());
+        };
+        let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
+            BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
+        match devices.remove(&key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(err) => return Err(err).context("removing a device"),
+        }
+        self.slots.free(slot.base, slot.queues);
+        self.next_generation()
+    }
+
+    /// Invalidates the programs' per-CPU device caches: called after each change to the
+    /// device map, so no CPU keeps counting a device by a mapping that changed.
+    fn next_generation(&mut self) -> anyhow::Result<()> {
+        self.generation += 1;
+        let value = self.generation;
+        let mut generation: Array<&mut MapData, u64> =
+            Array::try_from(self.map_mut(MAP_GENERATION)?)?;
+        generation.set(0, value, 0)?;
+        Ok(())
+    }
+
+    /// Makes the slots freed before this call reusable (see [`Slots`]). Call once per
+    /// refresh interval.
+    pub(crate) fn retire_generation(&mut self) {
+        self.slots.next_generation();
+    }
+
+    /// Zeroes the counters, queue state and drop reasons of slots `base..base + len`.
+    fn reset(&mut self, base: u32, len: u32) -> anyhow::Result<()> {
+        let cpus = self.cpus;
+        let mut counters: PerCpuArray<&mut MapData, QueueCounters> =
+            PerCpuArray::try_from(self.map_mut(MAP_COUNTERS)?)?;
+        for slot in base..base + len {
+            let zero = PerCpuValues::try_from(vec![QueueCounters::default(); cpus])?;
+            counters.set(slot, zero, 0)?;
+        }
+        let mut state: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_QUEUE_STATE)?)?;
+        for slot in base..base + len {
+            state.set(slot, 0, 0)?;
+        }
+        let mut readers: Array<&mut MapData, ReaderState> =
+            Array::try_from(self.map_mut(MAP_READERS)?)?;
+        for slot in base..base + len {
+            readers.set(slot, ReaderState::default(), 0)?;
+        }
+        let mut reasons: PerCpuHashMap<&mut MapData, DropKey, u64> =
+            PerCpuHashMap::try_from(self.map_mut(MAP_DROP_REASONS)?)?;
+        let leftover: Vec<DropKey> = reasons
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| (base..base + len).contains(&k.slot))
+            .collect();
+        for key in leftover {
+            match reasons.remove(&key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The device's counters now, summed over CPUs.
+    ///
+    /// # Errors
+    /// When the device is not tracked or a map read fails.
+    pub(crate) fn read(&self, key: DeviceKey) -> anyhow::Result<DeviceCounters> {
+        let slot = *self
+            .tracked
+            .get(&key)
+            .ok_or_else(|| anyhow!("device {key:?} is not tracked"))?;
+        let counters: PerCpuArray<&MapData, QueueCounters> =
+            PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
+        let state: Array<&MapData, u64> = Array::try_from(self.map(MAP_QUEUE_STATE)?)?;
+        let mut out = DeviceCounters::default();
+        for index in slot.base..slot.base + slot.queues {
+            let per_cpu = counters.get(&index, 0)?;
+            let mut total = QueueCounters::default();
+            for cpu in per_cpu.iter() {
+                total += *cpu;
+            }
+            out.queues.push(total);
+            let since = state.get(&index, 0)?;
+            out.stopped_since.push((since != 0).then_some(since & !1));
+        }
+        let reasons: PerCpuHashMap<&MapData, DropKey, u64> =
+            PerCpuHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;
+        for entry in &reasons {
+            let (k, values) = entry?;
+            if (slot.base..slot.base + slot.queues).contains(&k.slot) {
+                let n: u64 = values.iter().sum();
+                *out.drop_reasons
+                    .entry((k.slot - slot.base, k.reason))
+                    .or_default() += n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The ring buffer of per-packet events (once; it moves out of the probe).
+    ///
+    /// # Errors
+    /// When it was taken already.
+    pub(crate) fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(MAP_EVENTS)
+            .ok_or_else(|| anyhow!("the event ring buffer was taken already"))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Events the programs could not write because the ring buffer was full.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub(crate) fn events_lost(&self) -> anyhow::Result<u64> {
+        let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_EVENTS_LOST)?)?;
+        Ok(lost.get(&0, 0)?.iter().sum())
+    }
+
+    fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
+        self.ebpf
+            .map(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+    }
+
+    fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+    }
+}

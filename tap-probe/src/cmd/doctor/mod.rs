@@ -1,0 +1,395 @@
+//! `tap-probe doctor`: what this kernel allows, tried rather than guessed, and which probe
+//! backend `watch` would use. Every check is independent: one that fails is reported and the
+//! others still run.
+
+use anyhow::{Result, anyhow};
+use serde::Serialize;
+use tap_probe_common::KernelFacts;
+
+use crate::bpf::backend::Sources;
+use crate::bpf::probe::Probe;
+use crate::cli::Format;
+use crate::kernel::KernelInfo;
+use crate::kernel::kallsyms::Kallsyms;
+use crate::kernel::{btf, kallsyms, privileges};
+
+mod render;
+mod trials;
+
+use render::render_table;
+use trials::{attach_trials, doctor_object};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t)]
+    format: Format,
+}
+
+/// Functions of the tun/tap transmit and read paths worth knowing about. The last ones exist
+/// only on kernels with the tun/tap "avoid tail-drop" series, or where they are not inlined.
+const FUNCTIONS: &[&str] = &[
+    "tun_net_xmit",
+    "tun_do_read",
+    "tap_do_read",
+    "tun_ring_consume",
+    "tap_ring_consume",
+    "__tun_wake_queue",
+    "netif_tx_wake_queue",
+    "ptr_ring_consume_batched",
+];
+
+/// Raw tracepoints the tracepoint backend uses.
+const TRACEPOINTS: &[&str] = &[
+    "net_dev_xmit",
+    "net_dev_start_xmit",
+    "kfree_skb",
+    "consume_skb",
+    "qdisc_dequeue",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Status {
+    Ok,
+    Failed,
+    Skipped,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "FAILED",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Check {
+    status: Status,
+    detail: String,
+}
+
+impl Check {
+    fn ok(detail: impl Into<String>) -> Self {
+        Self {
+            status: Status::Ok,
+            detail: detail.into(),
+        }
+    }
+
+    fn failed(err: &anyhow::Error) -> Self {
+        Self {
+            status: Status::Failed,
+            detail: format!("{err:#}"),
+        }
+    }
+}
+
+/// The attach types tried, in the order `watch` prefers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum AttachKind {
+    Kprobe,
+    Fentry,
+    RawTp,
+    TpBtf,
+    Tracepoint,
+}
+
+impl AttachKind {
+    const ALL: [Self; 5] = [
+        Self::RawTp,
+        Self::TpBtf,
+        Self::Tracepoint,
+        Self::Kprobe,
+        Self::Fentry,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Kprobe => "kprobe",
+            Self::Fentry => "fentry",
+            Self::RawTp => "raw_tp",
+            Self::TpBtf => "tp_btf",
+            Self::Tracepoint => "tracepoint",
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            Self::Kprobe => "doctor_kprobe",
+            Self::Fentry => "doctor_fentry",
+            Self::RawTp => "doctor_raw_tp",
+            Self::TpBtf => "doctor_tp_btf",
+            Self::Tracepoint => "doctor_tracepoint",
+        }
+    }
+
+    fn target(self) -> &'static str {
+        match self {
+            Self::Kprobe | Self::Fentry => "tun_net_xmit",
+            Self::RawTp | Self::TpBtf => "net_dev_xmit",
+            Self::Tracepoint => "net:net_dev_xmit",
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Trial {
+    kind: AttachKind,
+    program: &'static str,
+    target: &'static str,
+    status: Status,
+    /// Which step failed: `object`, `load` or `attach`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stage: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// What `watch --backend auto` attaches here: each counter's source, or why none works.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Backend {
+    Sources(Sources),
+    Failed { error: String },
+}
+
+#[derive(Debug, Serialize)]
+struct Function {
+    name: &'static str,
+    /// Hex address of the symbol itself, `None` when absent (or inlined).
+    address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    module: Option<String>,
+    /// Compiler-made parts and clones: `.cold`, `.isra.N`, `.constprop.N`.
+    variants: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Tracepoint {
+    name: &'static str,
+    status: Status,
+    /// `(name, C type)`, without the probe's leading `void *` context.
+    args: Vec<Argument>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Argument {
+    name: String,
+    r#type: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Range {
+    name: String,
+    start: String,
+    end: String,
+    len: u64,
+}
+
+/// [`KernelFacts`] without the reader ranges (reported on their own), in declaration order.
+#[derive(Debug)]
+struct Facts(KernelFacts);
+
+impl Facts {
+    fn fields(&self) -> [(&'static str, u32); 12] {
+        let f = &self.0;
+        [
+            ("skb_dev", f.skb_dev),
+            ("skb_queue_mapping", f.skb_queue_mapping),
+            ("dev_ifindex", f.dev_ifindex),
+            ("dev_net", f.dev_net),
+            ("net_inum", f.net_inum),
+            ("dev_tx", f.dev_tx),
+            ("txq_size", f.txq_size),
+            ("txq_state", f.txq_state),
+            ("txq_dev", f.txq_dev),
+            ("reason_full_ring", f.reason_full_ring),
+            ("tx_busy", f.tx_busy),
+            ("drv_xoff_mask", f.drv_xoff_mask),
+        ]
+    }
+}
+
+impl Serialize for Facts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.fields())
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    kernel_release: Check,
+    btf: Check,
+    tracefs: Check,
+    capabilities: Check,
+    ebpf_object: Check,
+    attach: Vec<Trial>,
+    backend: Backend,
+    kallsyms: Check,
+    functions: Vec<Function>,
+    tracepoints: Vec<Tracepoint>,
+    kernel_facts: Check,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    facts: Option<Facts>,
+    reader_ranges: Vec<Range>,
+}
+
+/// Runs `tap-probe doctor`.
+///
+/// # Errors
+/// Only when the report cannot be written; failed checks are part of the report.
+pub(crate) fn run(args: &Args) -> Result<()> {
+    let report = collect();
+    crate::output::stdout(&match args.format {
+        Format::Table => render_table(&report),
+        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+    })
+}
+
+fn collect() -> Report {
+    let kernel_release = match std::fs::read_to_string("/proc/sys/kernel/osrelease") {
+        Ok(release) => Check::ok(release.trim()),
+        Err(err) => Check::failed(&anyhow!(err).context("reading /proc/sys/kernel/osrelease")),
+    };
+
+    let vmlinux = btf::load_vmlinux();
+    let btf_check = match &vmlinux {
+        Ok(_) => Check::ok(btf::VMLINUX_BTF),
+        Err(err) => Check::failed(err),
+    };
+
+    let capabilities = match privileges::check() {
+        Ok(()) => Check::ok("CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN"),
+        Err(err) => Check::failed(&err),
+    };
+    privileges::raise_memlock();
+
+    // Before any classic tracepoint attach: aya looks tracefs up once per process.
+    let tracefs = match privileges::mounted_tracefs() {
+        Some(path) => Check::ok(format!("{} (already mounted)", path.display())),
+        None => match privileges::ensure_tracefs() {
+            Ok(path) => Check::ok(format!("{} (mounted by doctor)", path.display())),
+            Err(err) => Check::failed(&err),
+        },
+    };
+
+    let syms = Kallsyms::read();
+    let (kallsyms_check, functions) = match &syms {
+        Ok(syms) => (
+            Check::ok(kallsyms::KALLSYMS),
+            FUNCTIONS.iter().map(|name| function(syms, name)).collect(),
+        ),
+        Err(err) => (Check::failed(err), Vec::new()),
+    };
+
+    // Built as `watch` builds it, from the BTF and kallsyms read above; without kallsyms
+    // the facts still come from BTF, with no reader ranges.
+    let kernel = vmlinux
+        .as_ref()
+        .map_err(|e| anyhow!("{e:#}"))
+        .and_then(|btf| KernelInfo::from_parts(btf, syms.unwrap_or_default()));
+    let kernel_facts = match &kernel {
+        Ok(_) => Check::ok("read from BTF"),
+        Err(err) => Check::failed(err),
+    };
+    let facts = kernel.as_ref().ok().map(|k| k.facts);
+    let named_ranges = kernel
+        .as_ref()
+        .map(|k| k.reader_ranges.clone())
+        .unwrap_or_default();
+
+    let tracepoints = TRACEPOINTS
+        .iter()
+        .map(|name| tracepoint(vmlinux.as_ref().ok(), name))
+        .collect();
+
+    let (ebpf_object, attach) = attach_trials(doctor_object());
+    // Tried, not guessed: the same selection `watch` makes.
+    let backend = match &kernel {
+        Ok(kernel) => {
+            match Probe::attach_backend(kernel, crate::bpf::backend::Backend::Auto, false) {
+                Ok(probe) => Backend::Sources(probe.sources().clone()),
+                Err(err) => Backend::Failed {
+                    error: format!("{err:#}"),
+                },
+            }
+        }
+        Err(_) => Backend::Failed {
+            error: "no kernel facts".to_owned(),
+        },
+    };
+
+    Report {
+        kernel_release,
+        btf: btf_check,
+        tracefs,
+        capabilities,
+        ebpf_object,
+        attach,
+        backend,
+        kallsyms: kallsyms_check,
+        functions,
+        tracepoints,
+        kernel_facts,
+        facts: facts.map(Facts),
+        reader_ranges: named_ranges
+            .iter()
+            .map(|r| Range {
+                name: r.name.clone(),
+                start: format!("{:#x}", r.range.start),
+                end: format!("{:#x}", r.range.end),
+                len: r.range.end - r.range.start,
+            })
+            .collect(),
+    }
+}
+
+fn function(syms: &Kallsyms, name: &'static str) -> Function {
+    let variants = syms.variants(name);
+    let exact = variants.iter().find(|s| s.name == name);
+    Function {
+        name,
+        address: exact.map(|s| format!("{:#x}", s.address)),
+        module: exact.and_then(|s| s.module.clone()),
+        variants: variants
+            .iter()
+            .filter(|s| s.name != name)
+            .map(|s| s.name.clone())
+            .collect(),
+    }
+}
+
+fn tracepoint(vmlinux: Option<&btf_rs::Btf>, name: &'static str) -> Tracepoint {
+    let Some(vmlinux) = vmlinux else {
+        return Tracepoint {
+            name,
+            status: Status::Skipped,
+            args: Vec::new(),
+            error: Some("no kernel BTF".to_owned()),
+        };
+    };
+    match btf::tracepoint_args(vmlinux, name) {
+        Ok(args) => Tracepoint {
+            name,
+            status: Status::Ok,
+            args: args
+                .into_iter()
+                .map(|(name, r#type)| Argument { name, r#type })
+                .collect(),
+            error: None,
+        },
+        Err(err) => Tracepoint {
+            name,
+            status: Status::Failed,
+            args: Vec::new(),
+            error: Some(format!("{err:#}")),
+        },
+    }
+}

@@ -1,0 +1,102 @@
+//! `tap-probe load`: bounded traffic through a fresh tap in a private network namespace,
+//! with a reader thread playing the VM, and a report of what got through.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cli::{Format, QdiscArg};
+use crate::lab::load::{LoadConfig, SessionConfig, run_load_with_stop};
+use crate::os::netlink::RootQdisc;
+use crate::os::signals::Stop;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
+    #[arg(long, value_enum)]
+    pub(crate) qdisc: Option<QdiscArg>,
+    /// Transmit queue length of the tap (also the size of its ring).
+    #[arg(long, value_name = "N")]
+    pub(crate) tx_queue_len: Option<u32>,
+    /// Packets per second the reader takes (a slow VM); unlimited when not given.
+    #[arg(long, value_name = "N")]
+    pub(crate) reader_pps: Option<u64>,
+    /// Packets to send at most.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub(crate) packets: u64,
+    /// Seconds to send at most.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cli::duration)]
+    pub(crate) duration: Duration,
+    /// Ethernet frame length in bytes.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) frame_len: usize,
+    /// Packets per second to send; as fast as possible when not given.
+    #[arg(long, value_name = "N")]
+    pub(crate) pps: Option<u64>,
+    /// Frames per sendmmsg call.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) batch: usize,
+    /// Seconds to wait after the tap is up before sending (time for a separately started
+    /// `tap-probe watch` to discover it).
+    #[arg(long, value_name = "SECS", default_value = "0", value_parser = crate::cli::delay)]
+    pub(crate) start_delay: Duration,
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) format: Format,
+}
+
+/// Runs `tap-probe load`.
+///
+/// # Errors
+/// When a step of the run fails or the run is interrupted; everything created is removed
+/// first.
+pub(crate) fn run(args: &Args) -> Result<()> {
+    let cfg = LoadConfig {
+        session: SessionConfig {
+            qdisc: args.qdisc.map(RootQdisc::from),
+            tx_queue_len: args.tx_queue_len,
+            reader_pps: args.reader_pps,
+            reader_deadline: None,
+        },
+        packets: args.packets,
+        duration: args.duration,
+        frame_len: args.frame_len,
+        pps: args.pps,
+        batch: args.batch,
+        start_delay: args.start_delay,
+    };
+    check_capabilities()?;
+    let stop = Stop::install()?;
+    let report = run_load_with_stop(&cfg, &stop.flag())?;
+    if report.interrupted {
+        bail!("interrupted; the namespace and the tap were removed");
+    }
+    crate::output::stdout(&match args.format {
+        Format::Json => serde_json::to_string(&report)? + "\n",
+        Format::Table => report.table(),
+    })
+}
+
+/// `load` needs `CAP_SYS_ADMIN` (namespaces, mounts), `CAP_NET_ADMIN` (tap, links, qdiscs)
+/// and `CAP_NET_RAW` (the packet socket); not the BPF ones `privileges::check` asks for.
+fn check_capabilities() -> Result<()> {
+    const NEEDED: [(u32, &str); 3] = [
+        (21, "CAP_SYS_ADMIN"),
+        (12, "CAP_NET_ADMIN"),
+        (13, "CAP_NET_RAW"),
+    ];
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    let eff = crate::kernel::privileges::parse_cap_eff(&status)?;
+    let missing: Vec<&str> = NEEDED
+        .iter()
+        .filter(|(bit, _)| eff & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "tap-probe load lacks {}: run it as root (sudo tap-probe load ...)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! `tap-probe vm`: boots a kernel in a QEMU guest with tap-probe inside and runs
+//! `tap-probe ARGS` there. Its standard output is this command's (over a serial port of its
+//! own, byte for byte), its standard error and the kernel's warnings reach this command's
+//! standard error, and its exit status is this command's.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tap_probe_guest::console::{self, Signal};
+use tap_probe_guest::image::{STDOUT_TTY, sh_quote};
+use tap_probe_guest::{AccelChoice, Image, KernelSpec, Launcher, Verdict, launch};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The guest's kernel: `debian-6.1`, `debian-6.12` or `debian-7.3` (Debian's cloud
+    /// kernels, fetched with apt into ~/.cache/tap-probe, the newest of the series), a
+    /// bzImage (with --modules) or a kernel package (.deb).
+    #[arg(long, value_name = "KERNEL", default_value = "debian-7.3")]
+    kernel: KernelSpec,
+    /// The kernel's modules, for a bzImage: a directory holding `lib/modules/RELEASE`
+    /// (`make modules_install INSTALL_MOD_PATH=DIR`), the release directory itself, or a
+    /// modules .deb.
+    #[arg(long, value_name = "DIR")]
+    modules: Option<PathBuf>,
+    /// A module that replaces the kernel's own of the same name (a modified `tun.ko`), or is
+    /// added; repeatable. It must have been built for the guest's kernel.
+    #[arg(long = "module", value_name = "FILE.ko")]
+    replacements: Vec<PathBuf>,
+    /// QEMU accelerator; `auto` uses KVM when a guest boots under it and TCG otherwise.
+    #[arg(long, value_enum, default_value_t = AccelChoice::Auto)]
+    accel: AccelChoice,
+    /// Guest CPUs.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(256..=65536))]
+    memory: u32,
+    /// Give up on the guest (and kill QEMU) after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(10..=86400))]
+    timeout: u64,
+    /// A directory the command writes results into (`--junit out/junit.xml`): it exists in
+    /// the guest at the same path and its contents come back here afterwards.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Also show the guest's boot messages and its init's progress.
+    #[arg(long)]
+    verbose: bool,
+    /// What to run in the guest: `tap-probe ARGS`, after `--`.
+    #[arg(last = true, required = true, value_name = "ARGS")]
+    command: Vec<String>,
+}
+
+/// Runs `tap-probe vm`.
+///
+/// # Errors
+/// If the kernel cannot be had, the guest cannot be built or run, or it fails before the
+/// command could give its own exit status.
+pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let cache = tap_probe_guest::cache_dir()?;
+    let kernel = tap_probe_guest::kernel::resolve(&args.kernel, args.modules.as_deref(), &cache)?;
+    let work = cache.join("vm").join(format!("run-{}", std::process::id()));
+    let _cleanup = RemoveOnDrop(work.clone());
+    let modules = kernel.modules(
+        tap_probe_guest::MODULES,
+        &args.replacements,
+        &work.join("modules"),
+    )?;
+    if !modules.missing.is_empty() {
+        eprintln!(
+            "tap-probe vm: {} has no {}; commands that need them will say so",
+            kernel.release,
+            modules.missing.join(", ")
+        );
+    }
+    let cwd = std::env::current_dir().context("the current directory")?;
+    let cwd_text = cwd.to_str().context("the current directory is not UTF-8")?;
+    let mut image = Image::new(&kernel.release, modules.load, &work.join("scratch"))?;
+    let exe = std::env::current_exe().context("finding tap-probe's own executable")?;
+    image.executable("/bin/tap-probe", &exe)?;
+    for (guest, host) in input_files(&args.command, &cwd) {
+        image.file(&guest, &host, 0o644);
+    }
+    image.working_dir(cwd_text);
+    let out = args.out.as_ref().map(|out| cwd.join(out));
+    if let Some(out) = &out {
+        image.collect(out.to_str().context("--out is not UTF-8")?);
+    }
+    let command: Vec<String> = args.command.iter().map(|arg| sh_quote(arg)).collect();
+    image.script(&format!(
+        "/bin/tap-probe {} > {STDOUT_TTY}\nstatus=$?\n",
+        command.join(" ")
+    ));
+
+    eprintln!(
+        "tap-probe vm: booting {} ({}); running tap-probe {}",
+        kernel.release,
+        kernel.origin,
+        args.command.join(" ")
+    );
+    // Boot messages and the init's own lines only with --verbose; what the guest prints
+    // between the init's first line and its verdict (the command's stderr, kernel warnings)
+    // always; nothing of the power-off after the verdict.
+    let verbose = args.verbose;
+    let (mut started, mut ended) = (false, false);
+    let mut echo = |line: &str| {
+        let signal = console::classify(line);
+        let (init, verdict) = match signal {
+            Some(Signal::Init) => (true, false),
+            Some(Signal::Success | Signal::Failure(_)) => (false, true),
+            _ => (false, false),
+        };
+        started |= init;
+        if verbose || (started && !ended && !init && !verdict) {
+            eprintln!("{line}");
+        }
+        ended |= verdict;
+    };
+    let stdout: tap_probe_guest::Sink = Arc::new(Mutex::new(std::io::stdout()));
+    let ran = tap_probe_guest::boot(
+        &mut Launcher::new(args.accel, "tap-probe vm"),
+        tap_probe_guest::Boot {
+            kernel: &kernel,
+            image,
+            dir: &work,
+            cpus: args.cpus,
+            memory_mib: args.memory,
+            timeout: Duration::from_secs(args.timeout),
+            echo: &mut echo,
+            stdout: Some(stdout),
+            collect_into: out.as_deref(),
+        },
+    )?;
+    let outcome = &ran.booted.outcome;
+    if verbose {
+        eprintln!("tap-probe vm: {}", ran.booted.times());
+    }
+    match &outcome.verdict {
+        Verdict::Success => Ok(ExitCode::SUCCESS),
+        Verdict::Failure(Some(code)) => Ok(ExitCode::from(u8::try_from(*code).unwrap_or(1))),
+        other => {
+            if !verbose {
+                eprintln!("tap-probe vm: the guest console's last lines:");
+                for line in outcome.tail(20) {
+                    eprintln!("    {line}");
+                }
+            }
+            bail!(
+                "the guest on {} failed: {}",
+                kernel.release,
+                launch::describe(other)
+            )
+        }
+    }
+}
+
+/// Host files the command names, as (guest path, host path): every argument, or the value
+/// of a `--flag=value` argument, that is an existing file (relative ones against `cwd`). They
+/// are copied to the same absolute path in the guest, whose working directory is `cwd` too.
+fn input_files(args: &[String], cwd: &Path) -> Vec<(String, PathBuf)> {
+    args.iter()
+        .map(|arg| arg.split_once('=').map_or(arg.as_str(), |(_, value)| value))
+        .map(|value| cwd.join(value))
+        .filter(|path| path.is_file())
+        .filter_map(|path| Some((path.to_str()?.to_owned(), path)))
+        .collect()
+}
+
+/// The guest's working files (initramfs, console log) go when the command ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_files_are_found_relative_to_the_working_directory() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("lab.toml"), "").expect("writing");
+        let args: Vec<String> = [
+            "check",
+            "lab.toml",
+            "--junit=out/junit.xml",
+            "--baseline=lab.toml",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let files = input_files(&args, dir.path());
+        let expected = dir.path().join("lab.toml");
+        assert_eq!(files.len(), 2, "{files:?}");
+        assert!(
+            files.iter().all(
+                |(guest, host)| *host == expected && guest == expected.to_str().expect("UTF-8")
+            )
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! `tap-probe watch`: attach to the running host and show the counters until stopped.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use crate::bpf::backend::Backend;
+use crate::cli::Format;
+use crate::host::watcher::Watcher;
+use crate::kernel::KernelInfo;
+use crate::os::signals::Stop;
+use crate::output;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    pub(crate) devices: crate::cli::DeviceArgs,
+    /// Seconds between refreshes (at least 0.01).
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::interval)]
+    pub(crate) interval: Duration,
+    /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "SECS", value_parser = crate::cli::duration)]
+    pub(crate) duration: Option<Duration>,
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) format: Format,
+    /// Start even if no device matches yet, and pick devices up as they appear.
+    #[arg(long)]
+    pub(crate) wait: bool,
+    /// Which kernel hooks feed the counters; `auto` picks the best that works, counter by
+    /// counter (`tap-probe doctor` shows what this kernel allows).
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub(crate) backend: Backend,
+    /// Also report what each eBPF program costs, as the kernel measures it (runs and mean
+    /// ns per run); turning the measurement on adds two clock reads per run.
+    #[arg(long)]
+    pub(crate) program_stats: bool,
+    /// Also serve the counters for Prometheus at `http://ADDR/metrics`, refreshed every
+    /// interval (ADDR as IP:PORT, e.g. 127.0.0.1:9464; port 0 picks a free one, printed on
+    /// stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) prometheus: Option<std::net::SocketAddr>,
+}
+
+/// Runs `tap-probe watch`.
+///
+/// # Errors
+/// Missing privileges or kernel features, a filter that matches nothing, or a failure to
+/// attach; the probes are detached in every case.
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    crate::kernel::privileges::check()?;
+    let filter = args.devices.filter();
+    // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
+    // held until the loop below and still ends in a clean detach.
+    let stop = Stop::install()?;
+    let exporter = args
+        .prometheus
+        .map(crate::output::prometheus::Exporter::start)
+        .transpose()?;
+    let _stats = args
+        .program_stats
+        .then(crate::bpf::probe::enable_run_stats)
+        .transpose()?;
+    let kernel = KernelInfo::load()?;
+    let mut watcher = Watcher::with_backend(&kernel, &filter, args.backend)?;
+    log::info!("sources: {}", watcher.sources());
+    let first = watcher.refresh()?;
+    if first.rows.is_empty() && !args.wait {
+        bail!("{}", watcher.nothing_matches()?);
+    }
+    if let Some(exporter) = &exporter {
+        exporter.publish(&first);
+        eprintln!(
+            "tap-probe: serving metrics on http://{}/metrics",
+            exporter.addr()
+        );
+    }
+    let out = output::Output::new(args.format);
+    out.show(&first, None)?;
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let mut previous = first;
+    while let Some(wait) = next_wait(args.interval, deadline) {
+        if stop.sleep(wait) {
+            break;
+        }
+        let report = watcher.refresh()?;
+        if let Some(exporter) = &exporter {
+            exporter.publish(&report);
+        }
+        out.show(&report, Some(&previous))?;
+        previous = report;
+    }
+    let mut last = watcher.refresh()?;
+    if args.program_stats {
+        last.programs = Some(watcher.program_stats());
+    }
+    out.summary(&last)
+}
+
+/// How long to sleep before the next refresh, or `None` once the deadline has passed.
+fn next_wait(period: Duration, deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(period),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| period.min(left))
+        }
+    }
+}

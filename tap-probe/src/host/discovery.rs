@@ -1,0 +1,413 @@
+//! Finding the devices to watch: every tun, tap, veth and macvtap in every network
+//! namespace, with the processes that hold tun/tap queues open.
+//!
+//! A device is identified by (namespace inode, ifindex), the same key the eBPF side
+//! builds from `dev_net(dev)->ns.inum` and `dev->ifindex`.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::{Context as _, Result, anyhow};
+use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
+use tap_probe_common::DeviceKey;
+
+use crate::os::netlink::{Link, LinkStats, Rtnl, TunKind};
+use crate::os::netns::{self, NetnsInfo};
+use crate::os::procfs::{Holder, tun_holders};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Tun,
+    Tap,
+    Veth,
+    Macvtap,
+    Other,
+}
+
+impl DeviceKind {
+    /// The kind of a link, from its `IFLA_INFO_KIND` and tun type.
+    #[must_use]
+    pub(crate) fn of(link: &Link) -> Self {
+        match (link.kind.as_deref(), link.tun_kind) {
+            (Some("tun"), Some(TunKind::Tap)) => Self::Tap,
+            // A tun device whose type could not be read is reported as tun.
+            (Some("tun"), _) => Self::Tun,
+            (Some("veth"), _) => Self::Veth,
+            (Some("macvtap"), _) => Self::Macvtap,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// A process holding a tun/tap queue open.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Owner {
+    pub pid: u32,
+    pub comm: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Device {
+    #[serde(serialize_with = "serialize_key")]
+    pub key: DeviceKey,
+    pub name: String,
+    /// [`NetnsInfo::name`] of the device's namespace.
+    pub netns: String,
+    pub kind: DeviceKind,
+    /// `num_tx_queues`: every queue index the stack can pick. A multi-queue tap has 256
+    /// of them whatever number of queues are attached.
+    pub queues: u32,
+    /// Queues in use (`real_num_tx_queues`; for a multi-queue tap, the queues attached).
+    pub active_queues: u32,
+    pub tx_queue_len: u32,
+    pub owners: Vec<Owner>,
+    pub stats: LinkStats,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's serialize_with passes a reference"
+)]
+fn serialize_key<S: serde::Serializer>(
+    key: &DeviceKey,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct as _;
+    let mut st = s.serialize_struct("DeviceKey", 2)?;
+    st.serialize_field("netns", &key.netns)?;
+    st.serialize_field("ifindex", &key.ifindex)?;
+    st.end()
+}
+
+/// Which devices to report: names matching any glob (all when empty), in the namespace
+/// with this name (all when `None`).
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub globs: Vec<String>,
+    pub netns: Option<String>,
+}
+
+/// Scans the host for devices, keeping one rtnetlink socket per namespace between scans.
+///
+/// A cached socket keeps its namespace alive; sockets of namespaces that no longer show
+/// up in `netns::list` are closed at the next scan so that deleted namespaces can go.
+#[derive(Debug)]
+pub struct Discovery {
+    globs: Option<GlobSet>,
+    netns: Option<GlobMatcher>,
+    sockets: HashMap<u32, Rtnl>,
+}
+
+impl Discovery {
+    /// # Errors
+    /// When a glob is malformed.
+    pub fn new(filter: &Filter) -> Result<Self> {
+        let globs = if filter.globs.is_empty() {
+            None
+        } else {
+            let mut builder = GlobSetBuilder::new();
+            for glob in &filter.globs {
+                builder
+                    .add(Glob::new(glob).with_context(|| format!("invalid device glob {glob:?}"))?);
+            }
+            Some(builder.build().context("cannot compile the device globs")?)
+        };
+        let netns = filter
+            .netns
+            .as_deref()
+            .map(|ns| {
+                Glob::new(ns)
+                    .map(|g| g.compile_matcher())
+                    .with_context(|| format!("invalid namespace glob {ns:?}"))
+            })
+            .transpose()?;
+        Ok(Self {
+            globs,
+            netns,
+            sockets: HashMap::new(),
+        })
+    }
+
+    /// The devices matching the filter.
+    ///
+    /// # Errors
+    /// When the namespaces cannot be listed at all (no `/proc`). Namespaces and processes
+    /// that disappear during the scan are skipped.
+    pub fn scan(&mut self) -> Result<Vec<Device>> {
+        let all = self.describe_all()?;
+        Ok(all.into_iter().filter(|d| self.matches(d)).collect())
+    }
+
+    /// Every tun, tap, veth and macvtap on the host, ignoring the filter.
+    ///
+    /// # Errors
+    /// When the namespaces cannot be listed at all.
+    pub(crate) fn describe_all(&mut self) -> Result<Vec<Device>> {
+        let namespaces = netns::list()?;
+        let live: HashSet<u32> = namespaces.iter().map(|ns| ns.inode).collect();
+        self.sockets.retain(|inode, _| live.contains(inode));
+
+        let mut devices = Vec::new();
+        for ns in &namespaces {
+            let links = match self.links_in(ns) {
+                Ok(links) => links,
+                Err(err) => {
+                    // Typically the namespace vanished between listing and joining it.
+                    log::debug!(
+                        "skipping network namespace {} ({}): {err:#}",
+                        ns.name,
+                        ns.path.display()
+                    );
+                    self.sockets.remove(&ns.inode);
+                    continue;
+                }
+            };
+            for link in links {
+                let kind = DeviceKind::of(&link);
+                if kind == DeviceKind::Other {
+                    continue;
+                }
+                devices.push(Device {
+                    key: DeviceKey {
+                        netns: ns.inode,
+                        ifindex: link.ifindex,
+                    },
+                    name: link.name,
+                    netns: ns.name.clone(),
+                    kind,
+                    queues: link.num_tx_queues,
+                    active_queues: link.real_num_tx_queues,
+                    tx_queue_len: link.tx_queue_len,
+                    owners: Vec::new(),
+                    stats: link.stats,
+                });
+            }
+        }
+        attach_owners(&mut devices, &tun_holders());
+        Ok(devices)
+    }
+
+    fn matches(&self, device: &Device) -> bool {
+        self.netns
+            .as_ref()
+            .is_none_or(|ns| ns.is_match(&device.netns))
+            && self
+                .globs
+                .as_ref()
+                .is_none_or(|globs| globs.is_match(&device.name))
+    }
+
+    fn links_in(&mut self, ns: &NetnsInfo) -> Result<Vec<Link>> {
+        let rtnl = match self.sockets.entry(ns.inode) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let rtnl = Rtnl::open_in(&ns.path)?;
+                // The path may have been reused by another namespace (a pid recycled, a
+                // name deleted and re-added) between listing and opening: check.
+                let inode = netns::run_in(&ns.path, netns::current_inode)?;
+                if inode != ns.inode {
+                    return Err(anyhow!(
+                        "{} changed namespace during the scan",
+                        ns.path.display()
+                    ));
+                }
+                e.insert(rtnl)
+            }
+        };
+        rtnl.links()
+    }
+}
+
+/// Attaches holders to tun/tap devices by name. fdinfo names the device but not its
+/// namespace, so when several namespaces have a device of that name the one in the
+/// holder's own namespace wins; failing that, every candidate gets the owner.
+fn attach_owners(devices: &mut [Device], holders: &[Holder]) {
+    for holder in holders {
+        let candidates: Vec<usize> = devices
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| {
+                matches!(d.kind, DeviceKind::Tun | DeviceKind::Tap) && d.name == holder.iff
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let own: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| Some(devices[i].key.netns) == holder.netns)
+            .collect();
+        let chosen = if own.is_empty() { candidates } else { own };
+        for i in chosen {
+            devices[i].owners.push(Owner {
+                pid: holder.pid,
+                comm: holder.comm.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str, netns: u32, kind: DeviceKind) -> Device {
+        Device {
+            key: DeviceKey { netns, ifindex: 2 },
+            name: name.to_owned(),
+            netns: format!("ns{netns}"),
+            kind,
+            queues: 1,
+            active_queues: 1,
+            tx_queue_len: 1000,
+            owners: Vec::new(),
+            stats: LinkStats::default(),
+        }
+    }
+
+    #[test]
+    fn owners_prefer_own_namespace() {
+        let mut devices = vec![
+            device("tap0", 1, DeviceKind::Tap),
+            device("tap0", 2, DeviceKind::Tap),
+            device("tap0", 3, DeviceKind::Veth),
+        ];
+        let holder = Holder {
+            pid: 7,
+            comm: "qemu".into(),
+            netns: Some(2),
+            iff: "tap0".into(),
+        };
+        attach_owners(&mut devices, std::slice::from_ref(&holder));
+        assert!(devices[0].owners.is_empty());
+        assert_eq!(
+            devices[1].owners,
+            vec![Owner {
+                pid: 7,
+                comm: "qemu".into()
+            }]
+        );
+        assert!(devices[2].owners.is_empty());
+
+        // A holder in a third namespace: ambiguous, both taps get it.
+        let other = Holder {
+            netns: Some(9),
+            ..holder
+        };
+        attach_owners(&mut devices, &[other]);
+        assert_eq!(devices[0].owners.len(), 1);
+        assert_eq!(devices[1].owners.len(), 2);
+    }
+
+    #[test]
+    fn filter_matches_globs_and_netns() {
+        let d = Discovery::new(&Filter {
+            globs: vec!["tap*".into()],
+            netns: Some("ns1".into()),
+        })
+        .unwrap();
+        assert!(d.matches(&device("tap0", 1, DeviceKind::Tap)));
+        assert!(!d.matches(&device("veth0", 1, DeviceKind::Veth)));
+        assert!(!d.matches(&device("tap0", 2, DeviceKind::Tap)));
+        assert!(
+            Discovery::new(&Filter {
+                globs: vec!["[".into()],
+                netns: None
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn netns_filter_is_a_glob() {
+        let d = Discovery::new(&Filter {
+            globs: Vec::new(),
+            netns: Some("ns*".into()),
+        })
+        .unwrap();
+        assert!(d.matches(&device("tap0", 1, DeviceKind::Tap)));
+        assert!(d.matches(&device("tap0", 22, DeviceKind::Tap)));
+        let d = Discovery::new(&Filter {
+            globs: Vec::new(),
+            netns: Some("ns2".into()),
+        })
+        .unwrap();
+        assert!(!d.matches(&device("tap0", 1, DeviceKind::Tap)));
+    }
+}
+
+#[cfg(all(test, feature = "privileged-tests"))]
+mod privileged_tests {
+    use super::*;
+    use crate::os::netns::{NamedNetns, run_in};
+    use crate::os::tap::{Tap, TapOptions};
+
+    #[test]
+    fn finds_tap_with_owner_and_veth() {
+        if !crate::lab::root() {
+            return;
+        }
+        let ns = NamedNetns::create(&format!("tp-test-disc-{}", std::process::id())).unwrap();
+        let tap = run_in(ns.path(), || {
+            let tap = Tap::create("tpd-tap0", TapOptions::default())?;
+            let mut rtnl = Rtnl::open()?;
+            rtnl.add_veth("tpd-veth0", "tpd-veth1", None)?;
+            Ok(tap)
+        })
+        .unwrap();
+
+        let mut all = Discovery::new(&Filter {
+            globs: Vec::new(),
+            netns: Some(ns.name().to_owned()),
+        })
+        .unwrap();
+        let devices = all.scan().unwrap();
+        assert_eq!(devices.len(), 3, "{devices:#?}");
+        let found = devices.iter().find(|d| d.name == "tpd-tap0").unwrap();
+        assert_eq!(found.kind, DeviceKind::Tap);
+        assert_eq!(found.netns, ns.name());
+        assert_eq!(
+            found.key,
+            DeviceKey {
+                netns: ns.inode(),
+                ifindex: tap.ifindex()
+            }
+        );
+        assert_eq!(found.queues, 1);
+        assert!(
+            found.owners.iter().any(|o| o.pid == std::process::id()),
+            "{:?}",
+            found.owners
+        );
+        let veth = devices.iter().find(|d| d.name == "tpd-veth0").unwrap();
+        assert_eq!(veth.kind, DeviceKind::Veth);
+        assert!(veth.owners.is_empty());
+
+        let mut taps = Discovery::new(&Filter {
+            globs: vec!["tpd-tap*".into()],
+            netns: None,
+        })
+        .unwrap();
+        let only = taps.scan().unwrap();
+        assert_eq!(only.len(), 1, "{only:#?}");
+        assert_eq!(only[0].name, "tpd-tap0");
+        // describe_all ignores the filter.
+        assert!(
+            taps.describe_all()
+                .unwrap()
+                .iter()
+                .any(|d| d.name == "tpd-veth1")
+        );
+
+        // Namespace gone: the next scan drops it quietly, and the cached socket with it.
+        drop(tap);
+        drop(ns);
+        assert!(
+            !taps
+                .describe_all()
+                .unwrap()
+                .iter()
+                .any(|d| d.name.starts_with("tpd-"))
+        );
+        assert!(all.scan().unwrap().is_empty());
+    }
+}

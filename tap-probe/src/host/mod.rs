@@ -1,0 +1,85 @@
+//! The host as tap-probe watches it: which devices exist, which are tracked, what each
+//! refresh shows, and the recorder that turns events into a trace.
+
+pub(crate) mod discovery;
+pub(crate) mod recorder;
+pub(crate) mod report;
+pub(crate) mod watcher;
+
+use anyhow::Result;
+use tap_probe_common::DeviceKey;
+
+use crate::bpf::backend::Sources;
+use crate::bpf::probe::{DeviceCounters, Probe};
+use crate::os::clock::monotonic_ns;
+use discovery::{Device, Discovery};
+
+/// What the watcher needs from the host and from the probe, narrow enough for a test to
+/// play without root: list the devices (with the kernel's statistics of each), track and
+/// untrack them, and read their counters.
+pub(crate) trait Host {
+    /// The devices that match the filter now.
+    ///
+    /// # Errors
+    /// When the host cannot be scanned.
+    fn devices(&mut self) -> Result<Vec<Device>>;
+    /// Starts counting `queues` transmit queues of a device, from zero.
+    ///
+    /// # Errors
+    /// When there is no room left or the maps refuse it.
+    fn track(&mut self, key: DeviceKey, queues: u32) -> Result<()>;
+    /// Stops counting a device.
+    ///
+    /// # Errors
+    /// When the maps refuse it.
+    fn untrack(&mut self, key: DeviceKey) -> Result<()>;
+    /// A tracked device's counters now.
+    ///
+    /// # Errors
+    /// When the device is not tracked or a map cannot be read.
+    fn counters(&self, key: DeviceKey) -> Result<DeviceCounters>;
+    /// Called at the start of each refresh: slots freed a refresh ago may be reused, and
+    /// the programs' messages go to the log.
+    fn refresh_started(&mut self);
+    /// What feeds each counter.
+    fn sources(&self) -> &Sources;
+    /// `CLOCK_MONOTONIC` now, the clock of the programs' timestamps.
+    fn now_ns(&self) -> u64;
+}
+
+/// The running host, watched by an attached probe.
+pub(crate) struct LiveHost {
+    pub(crate) discovery: Discovery,
+    pub(crate) probe: Probe,
+}
+
+impl Host for LiveHost {
+    fn devices(&mut self) -> Result<Vec<Device>> {
+        self.discovery.scan()
+    }
+
+    fn track(&mut self, key: DeviceKey, queues: u32) -> Result<()> {
+        self.probe.track(key, queues)
+    }
+
+    fn untrack(&mut self, key: DeviceKey) -> Result<()> {
+        self.probe.untrack(key)
+    }
+
+    fn counters(&self, key: DeviceKey) -> Result<DeviceCounters> {
+        self.probe.read(key)
+    }
+
+    fn refresh_started(&mut self) {
+        self.probe.flush_log();
+        self.probe.retire_generation();
+    }
+
+    fn sources(&self) -> &Sources {
+        self.probe.sources()
+    }
+
+    fn now_ns(&self) -> u64 {
+        monotonic_ns()
+    }
+}

@@ -1,0 +1,176 @@
+//! What one refresh shows: a row per (device, queue) with our counters and the kernel's own,
+//! shared by the table, the JSON lines and the final summary.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use tap_probe_common::{KernelStat, Metric, QueueCounters, Source};
+
+use crate::bpf::probe::DeviceCounters;
+use crate::host::discovery::{Device, DeviceKind, Owner};
+use crate::kernel::ReasonNames;
+
+/// The kernel's own counters of a device, as deltas since tap-probe started tracking it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelDeltas {
+    /// tun/tap count a packet here when the reader takes it (`tun_put_user`).
+    pub tx_packets: u64,
+    /// Drops inside the driver's transmit (`tun_net_xmit`'s `drop:` path).
+    pub tx_dropped: u64,
+}
+
+/// One device queue in one refresh. Its values are read through [`Row::value`], by the
+/// descriptors of [`tap_probe_common::METRICS`]; the outputs iterate those.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub ifname: String,
+    pub ifindex: u32,
+    pub netns: String,
+    pub kind: DeviceKind,
+    pub queue: u32,
+    pub owner: Option<Owner>,
+    /// Cumulative since tracking began; `stopped_ns` includes a stop still running.
+    pub counters: QueueCounters,
+    /// Whether the queue is stopped as last observed.
+    pub stopped: bool,
+    /// `dropped_other` by `enum skb_drop_reason` name (lower case, without the prefix).
+    pub drop_reasons: BTreeMap<String, u64>,
+    /// Per device: the same on every queue row of the device, since the kernel keeps no
+    /// per-queue transmit statistics for these devices.
+    pub kernel: KernelDeltas,
+    /// The device disappeared; these are its last counters.
+    pub retired: bool,
+}
+
+/// A value of a row, as its [`Metric`] describes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    Count(u64),
+    Flag(bool),
+    /// Undefined (`None`) before there is anything to divide by.
+    Ratio(Option<f64>),
+}
+
+impl Row {
+    /// The value `metric` describes.
+    #[must_use]
+    pub fn value(&self, metric: &Metric) -> Value {
+        match metric.source {
+            Source::Programs(get) => Value::Count(get(&self.counters)),
+            Source::Counters(compute) => Value::Ratio(compute(&self.counters)),
+            Source::QueueState => Value::Flag(self.stopped),
+            Source::Kernel(KernelStat::TxPackets) => Value::Count(self.kernel.tx_packets),
+            Source::Kernel(KernelStat::TxDropped) => Value::Count(self.kernel.tx_dropped),
+        }
+    }
+}
+
+/// The rows of one device: its queues in use, and any other queue that counted something.
+#[must_use]
+pub(crate) fn device_rows(
+    device: &Device,
+    counters: &DeviceCounters,
+    kernel: KernelDeltas,
+    names: &ReasonNames,
+    now_ns: u64,
+    retired: bool,
+) -> Vec<Row> {
+    counters
+        .queues
+        .iter()
+        .zip(&counters.stopped_since)
+        .enumerate()
+        .filter(|(queue, (c, since))| {
+            u32::try_from(*queue).is_ok_and(|q| q < device.active_queues.max(1))
+                || **c != QueueCounters::default()
+                || since.is_some()
+        })
+        .map(|(queue, (c, since))| {
+            let queue = u32::try_from(queue).unwrap_or(u32::MAX);
+            let drop_reasons = counters
+                .drop_reasons
+                .iter()
+                .filter(|((q, _), _)| *q == queue)
+                .map(|((_, reason), n)| (names.name(*reason), *n))
+                .collect();
+            let mut counters = *c;
+            // The programs add a stop's time when it ends; show the one running too.
+            counters.stopped_ns += since.map_or(0, |s| now_ns.saturating_sub(s));
+            Row {
+                ifname: device.name.clone(),
+                ifindex: device.key.ifindex,
+                netns: device.netns.clone(),
+                kind: device.kind,
+                queue,
+                owner: device.owners.first().cloned(),
+                counters,
+                stopped: since.is_some(),
+                drop_reasons,
+                kernel,
+                retired,
+            }
+        })
+        .collect()
+}
+
+/// One refresh.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Seconds since tap-probe attached.
+    pub elapsed_s: f64,
+    /// Which kernel hooks feed the counters.
+    pub sources: crate::bpf::backend::Sources,
+    /// The programs' own cost, in the final report of `watch --program-stats`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) programs: Option<Vec<crate::bpf::probe::ProgramStats>>,
+    pub rows: Vec<Row>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
+    #[test]
+    fn row_json_is_unchanged() {
+        const GOLDEN: &str = r#"{"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"ifindex":7,"ifname":"tap0","kernel":{"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"retired":false,"stopped":true,"stopped_ns":1500000000,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        let row = Row {
+            ifname: "tap0".to_owned(),
+            ifindex: 7,
+            netns: "ns".to_owned(),
+            kind: DeviceKind::Tap,
+            queue: 1,
+            owner: Some(Owner {
+                pid: 42,
+                comm: "qemu".to_owned(),
+            }),
+            counters: QueueCounters {
+                xmit_calls: 10,
+                enqueued: 7,
+                busy: 1,
+                dropped_full_ring: 2,
+                dropped_other: 0,
+                consumed: 6,
+                queue_stops: 1,
+                queue_wakes: 1,
+                stopped_ns: 1_500_000_000,
+                reader_sleeps: 4,
+            },
+            stopped: true,
+            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
+            kernel: KernelDeltas {
+                tx_packets: 6,
+                tx_dropped: 2,
+            },
+            retired: false,
+        };
+        let json = serde_json::to_value(&row).unwrap().to_string();
+        assert_eq!(json, GOLDEN);
+        let mut before = row.clone();
+        before.counters.consumed = 0;
+        assert_eq!(
+            serde_json::to_value(&before).unwrap()["wakeups_per_packet"],
+            serde_json::Value::Null
+        );
+    }
+}

@@ -1,0 +1,296 @@
+//! Kernel text addresses from `/proc/kallsyms`.
+//!
+//! The eBPF side counts a `skb:consume_skb` as "the tap reader took this packet" only when the
+//! caller (the tracepoint's `location`) lies inside the tun/tap read path. That path is
+//! `tun_do_read` (`drivers/net/tun.c`) and `tap_do_read` (`drivers/net/tap.c`, macvtap): both
+//! copy the packet to the reader and then `consume_skb` it. The compiler may split them
+//! (`.cold`), specialise them (`.isra.N`, `.constprop.N`, `.part.N`) or inline them into their
+//! callers, so all of those are looked up.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context as _, Result, bail};
+use tap_probe_common::{MAX_READER_RANGES, TextRange};
+
+pub(crate) const KALLSYMS: &str = "/proc/kallsyms";
+
+/// The read-path functions and, for each, the functions it may be inlined into.
+const READ_PATHS: &[(&str, &[&str])] = &[
+    ("tun_do_read", &["tun_chr_read_iter", "tun_recvmsg"]),
+    ("tap_do_read", &["tap_read_iter", "tap_recvmsg"]),
+];
+
+/// One kernel text symbol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Symbol {
+    pub(crate) address: u64,
+    pub(crate) name: String,
+    /// The module it belongs to, `None` for the kernel image.
+    pub(crate) module: Option<String>,
+}
+
+/// A named range of kernel text, `[start, end)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NamedRange {
+    pub(crate) name: String,
+    pub(crate) range: TextRange,
+}
+
+/// The text symbols of the running kernel, sorted by address.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Kallsyms {
+    symbols: Vec<Symbol>,
+}
+
+impl Kallsyms {
+    /// Reads `/proc/kallsyms`.
+    ///
+    /// # Errors
+    /// When it cannot be read, or when its addresses are hidden (all zero, see
+    /// `kernel.kptr_restrict`).
+    pub(crate) fn read() -> Result<Self> {
+        let text =
+            std::fs::read_to_string(KALLSYMS).with_context(|| format!("reading {KALLSYMS}"))?;
+        Self::parse(&text)
+    }
+
+    /// Parses the text of `/proc/kallsyms`: `ADDRESS TYPE NAME [\t[MODULE]]` per line.
+    ///
+    /// # Errors
+    /// When there are no text symbols, or every address is zero.
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let mut symbols = Vec::new();
+        let mut any_nonzero = false;
+        for line in text.lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(address), Some(kind), Some(name)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            // Weak symbols (`w`/`W`) are functions too; they bound their neighbours' ranges.
+            if !matches!(kind, "t" | "T" | "w" | "W") {
+                continue;
+            }
+            let Ok(address) = u64::from_str_radix(address, 16) else {
+                continue;
+            };
+            any_nonzero |= address != 0;
+            let module = fields
+                .next()
+                .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
+                .map(str::to_owned);
+            symbols.push(Symbol {
+                address,
+                name: name.to_owned(),
+                module,
+            });
+        }
+        if symbols.is_empty() {
+            bail!("{KALLSYMS} lists no kernel text symbols");
+        }
+        if !any_nonzero {
+            let sysctl = |name: &str| {
+                std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))
+                    .map_or_else(|_| "?".to_owned(), |s| s.trim().to_owned())
+            };
+            // kernel/kallsyms.c kallsyms_show_value(): with kptr_restrict 0 addresses show to
+            // everyone only when perf_event_paranoid <= 1; otherwise CAP_SYSLOG is needed.
+            bail!(
+                "{KALLSYMS} hides kernel addresses from this process (every address reads zero; \
+                 kernel.kptr_restrict = {}, kernel.perf_event_paranoid = {}): run as root \
+                 (CAP_SYSLOG), or set kernel.kptr_restrict=0 and kernel.perf_event_paranoid<=1",
+                sysctl("kptr_restrict"),
+                sysctl("perf_event_paranoid"),
+            );
+        }
+        // kallsyms is not guaranteed sorted (modules come after the kernel image, in load order).
+        symbols.sort_by_key(|s| s.address);
+        Ok(Self { symbols })
+    }
+
+    /// Whether a text symbol called exactly `name` exists (in the kernel or a loaded module).
+    #[must_use]
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.symbols.iter().any(|s| s.name == name)
+    }
+
+    /// All symbols called `name` or `name.<suffix>` (`.cold`, `.isra.0`, `.constprop.0`, ...).
+    #[must_use]
+    pub(crate) fn variants(&self, name: &str) -> Vec<&Symbol> {
+        self.symbols
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    || s.name
+                        .strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            })
+            .collect()
+    }
+
+    /// `[start, next higher symbol)` of the symbol at index `i`, `None` for the last one.
+    fn range_at(&self, i: usize) -> Option<TextRange> {
+        let start = self.symbols[i].address;
+        let end = self.symbols[i + 1..]
+            .iter()
+            .find(|s| s.address > start)?
+            .address;
+        Some(TextRange { start, end })
+    }
+
+    /// The text ranges of the tun/tap read path, see the module documentation. At most
+    /// [`MAX_READER_RANGES`]; extra ones are dropped with a warning.
+    #[must_use]
+    pub(crate) fn reader_ranges(&self) -> Vec<NamedRange> {
+        let mut ranges = Vec::new();
+        for (function, inlined_into) in READ_PATHS {
+            let direct = self.named_ranges(function);
+            if direct.iter().any(|r| r.name == *function) {
+                ranges.extend(direct);
+                continue;
+            }
+            // Only `.cold` parts or nothing left: the body was inlined into its callers.
+            ranges.extend(direct);
+            for caller in *inlined_into {
+                ranges.extend(self.named_ranges(caller));
+            }
+        }
+        if ranges.len() > MAX_READER_RANGES {
+            let mut dropped = String::new();
+            for r in &ranges[MAX_READER_RANGES..] {
+                let _ = write!(dropped, " {}", r.name);
+            }
+            log::warn!(
+                "more than {MAX_READER_RANGES} tun/tap read-path functions; ignoring:{dropped}"
+            );
+            ranges.truncate(MAX_READER_RANGES);
+        }
+        ranges
+    }
+
+    fn named_ranges(&self, function: &str) -> Vec<NamedRange> {
+        self.symbols
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.name == function
+                    || s.name
+                        .strip_prefix(function)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            })
+            .filter_map(|(i, s)| {
+                let range = self.range_at(i)?;
+                Some(NamedRange {
+                    name: s.name.clone(),
+                    range,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+ffffffff81dfd2e0 t tun_do_read
+ffffffff81000000 T _stext
+ffffffff81dfdd00 t tun_recvmsg
+ffffffff8123b44f t tun_do_read.cold
+ffffffff8123b4a0 t something_else.cold
+ffffffff81dfdea0 t tun_chr_read_iter
+ffffffff81dfdf00 T tun_chr_read_iter_not_a_variant
+ffffffffc0001000 t tap_read_iter\t[tap]
+ffffffffc0001000 t tap_read_iter_alias\t[tap]
+ffffffffc0001100 t tap_recvmsg\t[tap]
+ffffffffc0001200 t tap_exit\t[tap]
+ffffffff82000000 D some_data
+";
+
+    #[test]
+    fn ranges_are_bounded_by_the_next_symbol() {
+        let syms = Kallsyms::parse(SAMPLE).unwrap();
+        let ranges = syms.reader_ranges();
+        let got: Vec<(&str, u64, u64)> = ranges
+            .iter()
+            .map(|r| (r.name.as_str(), r.range.start, r.range.end))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "tun_do_read.cold",
+                    0xffff_ffff_8123_b44f,
+                    0xffff_ffff_8123_b4a0
+                ),
+                ("tun_do_read", 0xffff_ffff_81df_d2e0, 0xffff_ffff_81df_dd00),
+                // tap_do_read is absent: its callers, modules included; an alias at the same
+                // address does not end the range.
+                (
+                    "tap_read_iter",
+                    0xffff_ffff_c000_1000,
+                    0xffff_ffff_c000_1100
+                ),
+                ("tap_recvmsg", 0xffff_ffff_c000_1100, 0xffff_ffff_c000_1200),
+            ]
+        );
+        assert!(syms.has("tap_exit"));
+        assert!(!syms.has("tap_do_read"));
+        assert!(!syms.has("some_data"), "data symbols are not text");
+        assert_eq!(syms.variants("tun_chr_read_iter").len(), 1);
+    }
+
+    #[test]
+    fn inlined_read_path_falls_back_to_callers() {
+        let text = "\
+0000000000001000 t tun_do_read.cold
+0000000000002000 t tun_chr_read_iter
+0000000000002100 t tun_recvmsg.isra.0
+0000000000002200 t tun_other
+";
+        let ranges = Kallsyms::parse(text).unwrap().reader_ranges();
+        let names: Vec<&str> = ranges.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tun_do_read.cold",
+                "tun_chr_read_iter",
+                "tun_recvmsg.isra.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn hidden_addresses_are_an_error() {
+        let text = "0000000000000000 T _stext\n0000000000000000 t tun_do_read\n";
+        let err = Kallsyms::parse(text).unwrap_err().to_string();
+        assert!(err.contains("kptr_restrict"), "{err}");
+    }
+
+    #[test]
+    fn host_reader_ranges() {
+        let syms = match Kallsyms::read() {
+            Ok(syms) => syms,
+            Err(err) => {
+                eprintln!("skipping test - {err:#}");
+                return;
+            }
+        };
+        let ranges = syms.reader_ranges();
+        for r in &ranges {
+            eprintln!("{} {:#x}..{:#x}", r.name, r.range.start, r.range.end);
+            assert!(r.range.start < r.range.end);
+            // A function is not megabytes long: a wrong neighbour would show here.
+            assert!(r.range.end - r.range.start < 1 << 20, "{}", r.name);
+        }
+        assert!(ranges.len() <= MAX_READER_RANGES);
+        if syms.has("tun_net_xmit") {
+            assert!(
+                ranges.iter().any(|r| r.name.starts_with("tun_")),
+                "tun is here"
+            );
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! What tap-probe needs from the process and the system before it touches BPF: capabilities,
+//! the locked-memory limit, and a mounted tracefs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+pub(crate) const CAP_NET_ADMIN: u32 = 12;
+pub(crate) const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_PERFMON: u32 = 38;
+pub(crate) const CAP_BPF: u32 = 39;
+
+/// Where tracefs lives on current kernels, and where it appears under debugfs on older setups.
+pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
+pub(crate) const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
+
+/// How to get the capabilities, quoted in the error.
+const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin+ep $(command -v tap-probe)";
+
+/// The effective capability set (`CapEff`) from the text of `/proc/<pid>/status`.
+///
+/// # Errors
+/// When the line is missing or is not hexadecimal.
+pub(crate) fn parse_cap_eff(status: &str) -> Result<u64> {
+    let value = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .ok_or_else(|| anyhow!("no CapEff line in /proc/self/status"))?
+        .trim();
+    u64::from_str_radix(value, 16).with_context(|| format!("CapEff {value:?} is not hexadecimal"))
+}
+
+/// The names of the needed capabilities absent from `cap_eff`. `CAP_SYS_ADMIN` stands in for
+/// `CAP_BPF` and `CAP_PERFMON` (the kernel accepts it for both, and kernels before 5.8 have
+/// only it).
+#[must_use]
+pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
+    let has = |cap: u32| cap_eff & (1u64 << cap) != 0;
+    let sys_admin = has(CAP_SYS_ADMIN);
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !sys_admin {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_PERFMON) && !sys_admin {
+        missing.push("CAP_PERFMON");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    missing
+}
+
+/// Checks that this process may load and attach tap-probe's programs.
+///
+/// # Errors
+/// Names exactly the missing capabilities and how to get them.
+pub(crate) fn check() -> Result<()> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    check_cap_eff(parse_cap_eff(&status)?)
+}
+
+fn check_cap_eff(cap_eff: u64) -> Result<()> {
+    let missing = missing_capabilities(cap_eff);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    bail!("tap-probe lacks {}: {HOW_TO_GRANT}", missing.join(", "))
+}
+
+/// Lifts `RLIMIT_MEMLOCK`, which kernels before 5.11 charge BPF maps and programs to. Later
+/// kernels account BPF memory to the memory cgroup instead, so a failure (no
+/// `CAP_SYS_RESOURCE`) is only logged.
+pub(crate) fn raise_memlock() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: `setrlimit` only reads the struct we pass by reference.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const unlimited) };
+    if ret != 0 {
+        log::debug!(
+            "cannot lift RLIMIT_MEMLOCK ({}); fine on kernels >= 5.11, which charge BPF memory \
+             to the memory cgroup",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Whether `mounts` (the text of `/proc/mounts`) lists a tracefs mounted at `at`.
+fn tracefs_mounted_at(mounts: &str, at: &str) -> bool {
+    mounts.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let (_, Some(mount_point), Some(fs_type)) = (fields.next(), fields.next(), fields.next())
+        else {
+            return false;
+        };
+        fs_type == "tracefs" && mount_point == at
+    })
+}
+
+/// Whether a directory exists and has entries (tracefs under debugfs shows up that way).
+fn non_empty_dir(path: &Path) -> bool {
+    std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_some())
+}
+
+/// Where tracefs is mounted right now, without changing anything.
+#[must_use]
+pub(crate) fn mounted_tracefs() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if tracefs_mounted_at(&mounts, TRACEFS) {
+        return Some(PathBuf::from(TRACEFS));
+    }
+    if tracefs_mounted_at(&mounts, DEBUGFS_TRACING) || non_empty_dir(Path::new(DEBUGFS_TRACING)) {
+        return Some(PathBuf::from(DEBUGFS_TRACING));
+    }
+    None
+}
+
+/// Makes sure tracefs is mounted (classic tracepoints need it to look up event ids), mounting
+/// it at `/sys/kernel/tracing` when it is not.
+///
+/// # Errors
+/// When it is not mounted and mounting it fails.
+pub(crate) fn ensure_tracefs() -> Result<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if tracefs_mounted_at(&mounts, TRACEFS) {
+        return Ok(PathBuf::from(TRACEFS));
+    }
+    let mounted = nix::mount::mount(
+        Some("nodev"),
+        TRACEFS,
+        Some("tracefs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    );
+    match mounted {
+        Ok(()) => {
+            log::info!("mounted tracefs at {TRACEFS}");
+            Ok(PathBuf::from(TRACEFS))
+        }
+        Err(errno) => {
+            if tracefs_mounted_at(&mounts, DEBUGFS_TRACING)
+                || non_empty_dir(Path::new(DEBUGFS_TRACING))
+            {
+                return Ok(PathBuf::from(DEBUGFS_TRACING));
+            }
+            bail!(
+                "tracefs is not mounted and `mount -t tracefs nodev {TRACEFS}` failed: {errno} \
+                 (classic tracepoints need tracefs; mount it as root)"
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUS: &str = "Name:\ttap-probe\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\n\
+                          CapEff:\t000001fffeffffff\nCapBnd:\t000001ffffffffff\n";
+
+    #[test]
+    fn parses_cap_eff() {
+        assert_eq!(parse_cap_eff(STATUS).unwrap(), 0x01ff_feff_ffff);
+        assert!(parse_cap_eff("Name:\tx\n").is_err());
+        assert!(parse_cap_eff("CapEff:\tzz\n").is_err());
+    }
+
+    #[test]
+    fn root_has_everything() {
+        assert!(missing_capabilities(parse_cap_eff(STATUS).unwrap()).is_empty());
+        assert!(check_cap_eff(0x01ff_ffff_ffff).is_ok());
+    }
+
+    #[test]
+    fn names_exactly_what_is_missing() {
+        assert_eq!(
+            missing_capabilities(0),
+            ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"]
+        );
+        let bpf_only = 1 << CAP_BPF;
+        assert_eq!(
+            missing_capabilities(bpf_only),
+            ["CAP_PERFMON", "CAP_NET_ADMIN"]
+        );
+        let all_three = (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_NET_ADMIN);
+        assert!(missing_capabilities(all_three).is_empty());
+        let err = check_cap_eff(1 << CAP_NET_ADMIN).unwrap_err().to_string();
+        assert!(err.contains("lacks CAP_BPF, CAP_PERFMON:"), "{err}");
+        assert!(
+            err.contains("setcap cap_bpf,cap_perfmon,cap_net_admin+ep"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sys_admin_stands_in_for_bpf_and_perfmon() {
+        let caps = (1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN);
+        assert!(missing_capabilities(caps).is_empty());
+        assert_eq!(missing_capabilities(1 << CAP_SYS_ADMIN), ["CAP_NET_ADMIN"]);
+    }
+
+    #[test]
+    fn finds_tracefs_in_mounts() {
+        let mounts = "sysfs /sys sysfs rw 0 0\nnodev /sys/kernel/tracing tracefs rw 0 0\n";
+        assert!(tracefs_mounted_at(mounts, TRACEFS));
+        assert!(!tracefs_mounted_at("sysfs /sys sysfs rw 0 0\n", TRACEFS));
+        assert!(!tracefs_mounted_at(
+            "x /sys/kernel/tracing tmpfs rw 0 0\n",
+            TRACEFS
+        ));
+    }
+}

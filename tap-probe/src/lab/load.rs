@@ -1,0 +1,516 @@
+//! A fresh tap in a private network namespace with a reader thread playing the VM, fed
+//! bounded traffic: [`LoadSession`] (the demo drives it directly) and
+//! [`run_load_with_stop`], a whole `tap-probe load` run as a function.
+
+use std::os::fd::AsFd as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow};
+
+use crate::lab::traffic::{self, ReadReport, ReaderConfig, SendReport, SenderConfig};
+use crate::os::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
+use crate::os::netns::{self, NamedNetns};
+use crate::os::tap::{Tap, TapOptions};
+use crate::output::table::{Align, Table};
+
+/// The tap's name inside its private namespace.
+pub(crate) const TAP_NAME: &str = "tp-load0";
+/// How long draining the ring after traffic may take at most.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// The reader outlives the sender by at most this (it is normally stopped explicitly).
+const READER_GRACE: Duration = Duration::from_secs(10);
+
+/// The tap's setup.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SessionConfig {
+    /// Root qdisc to install; the kernel default (`pfifo_fast`) when `None`.
+    pub(crate) qdisc: Option<RootQdisc>,
+    pub(crate) tx_queue_len: Option<u32>,
+    /// Reader pace; unlimited when `None`.
+    pub(crate) reader_pps: Option<u64>,
+    /// The reader stops by itself after this long (it is normally stopped by
+    /// [`LoadSession::drain`] or drop); `None` means an hour.
+    pub(crate) reader_deadline: Option<Duration>,
+}
+
+/// A whole `load` run.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadConfig {
+    pub(crate) session: SessionConfig,
+    pub(crate) packets: u64,
+    pub(crate) duration: Duration,
+    pub(crate) frame_len: usize,
+    pub(crate) pps: Option<u64>,
+    pub(crate) batch: usize,
+    pub(crate) start_delay: Duration,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self {
+            session: SessionConfig::default(),
+            packets: 2_000_000,
+            duration: Duration::from_secs(5),
+            frame_len: 64,
+            pps: None,
+            batch: 64,
+            start_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Where the session's tap lives: enough to find it from a probe before traffic starts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct DeviceIdentity {
+    pub(crate) netns_inode: u32,
+    pub(crate) netns_name: String,
+    pub(crate) netns_path: PathBuf,
+    pub(crate) ifindex: u32,
+    pub(crate) name: String,
+}
+
+/// Counters after a drain, relative to when the session started.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct DrainReport {
+    pub(crate) reader: ReadReport,
+    /// Frames left in the ring when the reader stopped, read by the drain.
+    pub(crate) drained: u64,
+    /// Change of the tap's interface counters.
+    pub(crate) link: LinkStats,
+    /// Change of the root qdisc's counters (`qlen`/`backlog` are current values); `None`
+    /// when the tap has no qdisc that reports any.
+    pub(crate) qdisc: Option<QdiscStats>,
+}
+
+/// A namespace with an up tap in it and a reader thread on its queue. Dropping it stops
+/// the reader and removes the tap and the namespace.
+#[derive(Debug)]
+pub(crate) struct LoadSession {
+    stop: Arc<AtomicBool>,
+    reader_stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<Result<ReadReport>>>,
+    device: DeviceIdentity,
+    qdisc_kind: String,
+    tx_queue_len: u32,
+    baseline: LinkStats,
+    baseline_qdisc: Option<QdiscStats>,
+    // Declared (and so dropped) in this order: socket, tap, then the namespace.
+    rtnl: Rtnl,
+    tap: Option<Tap>,
+    netns: Option<NamedNetns>,
+}
+
+impl LoadSession {
+    /// Creates the namespace `tap-probe-load-<pid>[-<n>]` with the tap [`TAP_NAME`] up in
+    /// it, and starts the reader. `stop` ends the reader (and sends through
+    /// [`LoadSession::send`]) early, e.g. from a signal handler.
+    ///
+    /// # Errors
+    /// When any step fails; whatever was created is removed again.
+    pub(crate) fn start(cfg: &SessionConfig, stop: Arc<AtomicBool>) -> Result<Self> {
+        static SESSIONS: AtomicU32 = AtomicU32::new(0);
+        let n = SESSIONS.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let name = if n == 0 {
+            format!("tap-probe-load-{pid}")
+        } else {
+            format!("tap-probe-load-{pid}-{n}")
+        };
+        let netns = NamedNetns::create(&name)?;
+        let (tap, mut rtnl) = netns::run_in(netns.path(), || setup_tap(cfg))
+            .with_context(|| format!("cannot set up the tap in network namespace {name}"))?;
+        let link = rtnl.link_by_index(tap.ifindex())?;
+        let baseline_qdisc = rtnl.root_qdisc_stats(tap.ifindex()).ok();
+        let reader_fd = tap.clone_queue_fd(0)?;
+        let reader_stop = Arc::new(AtomicBool::new(false));
+        let reader_cfg = ReaderConfig {
+            pps: cfg.reader_pps,
+            deadline: cfg.reader_deadline.unwrap_or(Duration::from_hours(1)),
+            max_packets: None,
+        };
+        let reader = {
+            let reader_stop = Arc::clone(&reader_stop);
+            std::thread::Builder::new()
+                .name("tap-reader".into())
+                .spawn(move || traffic::read(reader_fd.as_fd(), &reader_cfg, &reader_stop))
+                .context("cannot start the reader thread")?
+        };
+        Ok(Self {
+            stop,
+            reader_stop,
+            reader: Some(reader),
+            device: DeviceIdentity {
+                netns_inode: netns.inode(),
+                netns_name: name,
+                netns_path: netns.path().to_owned(),
+                ifindex: tap.ifindex(),
+                name: tap.name().to_owned(),
+            },
+            qdisc_kind: link.qdisc.clone().unwrap_or_default(),
+            tx_queue_len: link.tx_queue_len,
+            baseline: link.stats,
+            baseline_qdisc,
+            rtnl,
+            tap: Some(tap),
+            netns: Some(netns),
+        })
+    }
+
+    #[must_use]
+    pub(crate) fn device(&self) -> &DeviceIdentity {
+        &self.device
+    }
+
+    /// Sends through the tap from inside its namespace. `ifindex` and `stop` of `cfg` are
+    /// filled in by the session.
+    ///
+    /// # Errors
+    /// When the sender fails.
+    pub(crate) fn send(&self, cfg: &SenderConfig) -> Result<SendReport> {
+        let cfg = SenderConfig {
+            ifindex: self.device.ifindex,
+            stop: Some(Arc::clone(&self.stop)),
+            ..cfg.clone()
+        };
+        netns::run_in(&self.device.netns_path, || traffic::send(&cfg))
+    }
+
+    /// The tap's interface counters now (absolute, not relative to the start).
+    ///
+    /// # Errors
+    /// When the netlink request fails.
+    pub(crate) fn link_stats(&mut self) -> Result<LinkStats> {
+        Ok(self.rtnl.link_by_index(self.device.ifindex)?.stats)
+    }
+
+    /// Stops the reader, empties the ring and returns the counters since the start. Call
+    /// once, after sending; a second call finds the reader gone and reports it as idle.
+    ///
+    /// # Errors
+    /// When the reader failed or reading the counters fails.
+    pub(crate) fn drain(&mut self) -> Result<DrainReport> {
+        let reader = self.stop_reader().context("the reader thread failed")?;
+        let tap = self
+            .tap
+            .as_ref()
+            .ok_or_else(|| anyhow!("the tap is gone"))?;
+        let drained = traffic::drain_until_quiet(tap.queue_fd(0), DRAIN_LIMIT)?;
+        let now = self.link_stats()?;
+        let link = LinkStats {
+            tx_packets: now.tx_packets.saturating_sub(self.baseline.tx_packets),
+            tx_bytes: now.tx_bytes.saturating_sub(self.baseline.tx_bytes),
+            tx_dropped: now.tx_dropped.saturating_sub(self.baseline.tx_dropped),
+            rx_packets: now.rx_packets.saturating_sub(self.baseline.rx_packets),
+            rx_dropped: now.rx_dropped.saturating_sub(self.baseline.rx_dropped),
+        };
+        let qdisc = self
+            .rtnl
+            .root_qdisc_stats(self.device.ifindex)
+            .ok()
+            .map(|q| {
+                let base = self
+                    .baseline_qdisc
+                    .clone()
+                    .filter(|b| b.kind == q.kind)
+                    .unwrap_or_default();
+                QdiscStats {
+                    packets: q.packets.saturating_sub(base.packets),
+                    bytes: q.bytes.saturating_sub(base.bytes),
+                    drops: q.drops.saturating_sub(base.drops),
+                    requeues: q.requeues.saturating_sub(base.requeues),
+                    overlimits: q.overlimits.saturating_sub(base.overlimits),
+                    ..q
+                }
+            });
+        Ok(DrainReport {
+            reader,
+            drained,
+            link,
+            qdisc,
+        })
+    }
+
+    fn stop_reader(&mut self) -> Result<ReadReport> {
+        self.reader_stop.store(true, Ordering::Relaxed);
+        match self.reader.take() {
+            None => Ok(ReadReport::default()),
+            Some(handle) => handle
+                .join()
+                .map_err(|_| anyhow!("the reader thread panicked"))?,
+        }
+    }
+}
+
+impl Drop for LoadSession {
+    fn drop(&mut self) {
+        if let Err(err) = self.stop_reader() {
+            log::warn!("reader thread of {}: {err:#}", self.device.name);
+        }
+        // The tap goes first (closing its fd deletes the device), then the namespace.
+        drop(self.tap.take());
+        drop(self.netns.take());
+    }
+}
+
+/// Creates the tap in the calling thread's namespace and configures it.
+fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
+    let tap = Tap::create(TAP_NAME, TapOptions::default())?;
+    let mut rtnl = Rtnl::open()?;
+    // IPv6 would send router and multicast-listener solicitations into the tap when it
+    // comes up, polluting the counts. /proc/sys/net resolves against the opener's
+    // namespace, i.e. this thread's. Absent IPv6 is fine.
+    let _ = std::fs::write(
+        format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", tap.name()),
+        "1",
+    );
+    // Before `up`, so the default qdisc is created with this limit (the ring is resized
+    // either way, `tun_queue_resize`).
+    if let Some(len) = cfg.tx_queue_len {
+        rtnl.set_tx_queue_len(tap.ifindex(), len)?;
+    }
+    rtnl.set_up(tap.ifindex())?;
+    if let Some(qdisc) = cfg.qdisc {
+        rtnl.replace_root_qdisc(tap.ifindex(), qdisc)?;
+    }
+    Ok((tap, rtnl))
+}
+
+/// What a `load` run did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct LoadReport {
+    pub(crate) device: DeviceIdentity,
+    pub(crate) qdisc: String,
+    pub(crate) tx_queue_len: u32,
+    pub(crate) frame_len: usize,
+    pub(crate) pps_limit: Option<u64>,
+    pub(crate) reader_pps_limit: Option<u64>,
+    /// Frames given to the kernel.
+    pub(crate) attempted: u64,
+    /// Frames the stack accepted.
+    pub(crate) sent: u64,
+    /// Frames refused by a full qdisc.
+    pub(crate) enobufs: u64,
+    /// Frames the reader took while the sender ran.
+    pub(crate) read_by_reader: u64,
+    /// Frames left in the ring afterwards.
+    pub(crate) drained: u64,
+    /// Change of the tap's `tx_packets` (tun counts a packet when it is read).
+    pub(crate) kernel_tx_packets: u64,
+    /// Change of the tap's `tx_dropped` (ring full, tail drop).
+    pub(crate) kernel_tx_dropped: u64,
+    pub(crate) qdisc_drops: Option<u64>,
+    pub(crate) qdisc_requeues: Option<u64>,
+    /// Seconds spent sending.
+    pub(crate) elapsed_secs: f64,
+    /// `sent / elapsed`.
+    pub(crate) sender_pps: f64,
+    /// `read_by_reader / elapsed`: what the "VM" got.
+    pub(crate) delivered_pps: f64,
+    pub(crate) interrupted: bool,
+}
+
+impl LoadReport {
+    /// The report as aligned `name  value` lines.
+    #[must_use]
+    pub(crate) fn table(&self) -> String {
+        let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        let rows: Vec<(&str, String)> = vec![
+            (
+                "device",
+                format!(
+                    "{} (ifindex {}, netns {} inode {})",
+                    self.device.name,
+                    self.device.ifindex,
+                    self.device.netns_name,
+                    self.device.netns_inode
+                ),
+            ),
+            ("qdisc", self.qdisc.clone()),
+            ("tx_queue_len", self.tx_queue_len.to_string()),
+            ("frame_len", self.frame_len.to_string()),
+            ("pps limit", opt(self.pps_limit)),
+            ("reader pps limit", opt(self.reader_pps_limit)),
+            ("attempted", self.attempted.to_string()),
+            ("sent", self.sent.to_string()),
+            ("enobufs", self.enobufs.to_string()),
+            ("read by reader", self.read_by_reader.to_string()),
+            ("drained after", self.drained.to_string()),
+            ("kernel tx_packets", self.kernel_tx_packets.to_string()),
+            ("kernel tx_dropped", self.kernel_tx_dropped.to_string()),
+            ("qdisc drops", opt(self.qdisc_drops)),
+            ("qdisc requeues", opt(self.qdisc_requeues)),
+            ("elapsed", format!("{:.3} s", self.elapsed_secs)),
+            ("sender pps", format!("{:.0}", self.sender_pps)),
+            ("delivered pps", format!("{:.0}", self.delivered_pps)),
+        ];
+        let mut table = Table::new(&[Align::Left, Align::Left]);
+        for (k, v) in rows {
+            table.row(vec![k.to_owned(), v]);
+        }
+        table.render()
+    }
+}
+
+/// Runs a whole `load`; setting `stop` ends it early with `interrupted` set.
+///
+/// # Errors
+/// When a step fails.
+pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Result<LoadReport> {
+    let session_cfg = SessionConfig {
+        reader_deadline: Some(
+            cfg.start_delay
+                .saturating_add(cfg.duration)
+                .saturating_add(READER_GRACE),
+        ),
+        ..cfg.session.clone()
+    };
+    let mut session = LoadSession::start(&session_cfg, Arc::clone(stop))?;
+    sleep_unless(cfg.start_delay, stop);
+    let sender = SenderConfig {
+        ifindex: session.device().ifindex,
+        count: cfg.packets,
+        frame_len: cfg.frame_len,
+        deadline: cfg.duration,
+        pps: cfg.pps,
+        batch: cfg.batch,
+        stop: None,
+    };
+    let sent = if stop.load(Ordering::Relaxed) {
+        SendReport::default()
+    } else {
+        session.send(&sender)?
+    };
+    let drained = session.drain()?;
+    let secs = sent.elapsed.as_secs_f64();
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a rate; 52 bits of packet count are plenty"
+    )]
+    let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    Ok(LoadReport {
+        device: session.device().clone(),
+        qdisc: drained
+            .qdisc
+            .as_ref()
+            .map_or_else(|| session.qdisc_kind.clone(), |q| q.kind.clone()),
+        tx_queue_len: session.tx_queue_len,
+        frame_len: cfg.frame_len,
+        pps_limit: cfg.pps,
+        reader_pps_limit: cfg.session.reader_pps,
+        attempted: sent.attempted,
+        sent: sent.sent,
+        enobufs: sent.enobufs,
+        read_by_reader: drained.reader.packets,
+        drained: drained.drained,
+        kernel_tx_packets: drained.link.tx_packets,
+        kernel_tx_dropped: drained.link.tx_dropped,
+        qdisc_drops: drained.qdisc.as_ref().map(|q| q.drops),
+        qdisc_requeues: drained.qdisc.as_ref().map(|q| q.requeues),
+        elapsed_secs: secs,
+        sender_pps: per_sec(sent.sent),
+        delivered_pps: per_sec(drained.reader.packets),
+        interrupted: stop.load(Ordering::Relaxed),
+    })
+}
+
+fn sleep_unless(duration: Duration, stop: &AtomicBool) {
+    let end = traffic::deadline_after(Instant::now(), duration);
+    while !stop.load(Ordering::Relaxed) {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+#[cfg(all(test, feature = "privileged-tests"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_reader_accounts_for_every_packet() {
+        if !crate::lab::root() {
+            return;
+        }
+        let cfg = LoadConfig {
+            packets: 50_000,
+            duration: Duration::from_secs(3),
+            ..LoadConfig::default()
+        };
+        let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
+        println!("{}", report.table());
+        assert!(!report.device.netns_path.exists(), "namespace left behind");
+        assert_eq!(report.attempted, report.sent + report.enobufs);
+        assert!(report.sent > 0);
+        // tun counts tx_packets when the reader takes a packet: nothing else reads.
+        assert_eq!(
+            report.kernel_tx_packets,
+            report.read_by_reader + report.drained
+        );
+        // Every accepted frame was read or tail-dropped at the ring (qdisc drops show up
+        // as enobufs, not in sent).
+        assert_eq!(
+            report.sent,
+            report.kernel_tx_packets + report.kernel_tx_dropped
+        );
+    }
+
+    #[test]
+    fn slow_reader_tail_drops() {
+        if !crate::lab::root() {
+            return;
+        }
+        let cfg = LoadConfig {
+            session: SessionConfig {
+                qdisc: Some(RootQdisc::Pfifo { limit: None }),
+                tx_queue_len: Some(100),
+                reader_pps: Some(2_000),
+                reader_deadline: None,
+            },
+            packets: 20_000,
+            duration: Duration::from_secs(1),
+            pps: Some(20_000),
+            ..LoadConfig::default()
+        };
+        let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
+        println!("{}", serde_json::to_string_pretty(&report).unwrap());
+        assert_eq!(report.qdisc, "pfifo");
+        assert_eq!(report.tx_queue_len, 100);
+        // The ring (100) plus a 2000 pps reader cannot take 20000 pps: most frames drop.
+        assert!(report.kernel_tx_dropped > report.sent / 2, "{report:?}");
+        assert!(report.read_by_reader <= 2_500, "{report:?}");
+        // The pacer never exceeds the rate (a loaded machine may fall short of it).
+        assert!(report.sender_pps <= 21_000.0, "{report:?}");
+        assert_eq!(
+            report.sent,
+            report.kernel_tx_packets + report.kernel_tx_dropped
+        );
+    }
+
+    #[test]
+    fn session_exposes_device_before_traffic() {
+        if !crate::lab::root() {
+            return;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut session = LoadSession::start(&SessionConfig::default(), Arc::clone(&stop)).unwrap();
+        let dev = session.device().clone();
+        assert_eq!(netns::inode_of(&dev.netns_path).unwrap(), dev.netns_inode);
+        assert_eq!(dev.name, TAP_NAME);
+        // Stop already set: the sender returns at once.
+        stop.store(true, Ordering::Relaxed);
+        let sent = session
+            .send(&SenderConfig::new(0, 1000, Duration::from_secs(1)))
+            .unwrap();
+        assert_eq!(sent.attempted, 0);
+        let drained = session.drain().unwrap();
+        assert_eq!(drained.link.tx_packets, 0);
+        drop(session);
+        assert!(!dev.netns_path.exists());
+    }
+}

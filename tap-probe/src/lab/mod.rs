@@ -1,0 +1,34 @@
+//! Test rigs: bounded traffic, a tap with a reader playing the VM (`load`, `demo`), and a
+//! deliberately slow veth peer. The benchmarks and the privileged tests drive them.
+//!
+//! This is also the library's surface for the privileged integration tests: the rigs, and
+//! the parts of tap-probe they drive (real devices in private namespaces, a watcher
+//! counting them).
+
+pub(crate) mod load;
+pub(crate) mod slow_consumer;
+pub(crate) mod traffic;
+
+pub use crate::bpf::backend::Backend;
+pub use crate::host::discovery::{DeviceKind, Discovery, Filter};
+pub use crate::host::report::{Report, Row, Value};
+pub use crate::host::watcher::Watcher;
+pub use crate::kernel::KernelInfo;
+pub use crate::lab::slow_consumer::SlowConsumer;
+pub use crate::lab::traffic::{
+    Drive, Driven, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
+};
+pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
+pub use crate::os::netns::{NamedNetns, run_in};
+pub use crate::os::tap::{Tap, TapOptions};
+
+/// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,
+/// the form aya's tests use).
+#[must_use]
+pub fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipping test - not root");
+    }
+    root
+}

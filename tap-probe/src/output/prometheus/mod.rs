@@ -1,0 +1,245 @@
+//! `watch --prometheus ADDR`: the latest refresh as a Prometheus scrape target.
+//!
+//! The text exposition format (version 0.0.4) is written by hand: the counters are a few
+//! families of labelled integers, and the HTTP side answers one `GET /metrics` per
+//! connection, so neither a metrics nor an HTTP crate would earn its weight. Each scrape
+//! gets the text of the last refresh, so scraping never touches the eBPF maps.
+
+use std::fmt::Write as _;
+
+mod server;
+
+pub(crate) use server::Exporter;
+use tap_probe_common::{Kind, METRICS, Metric, Unit};
+
+use crate::host::report::{Report, Row, Value};
+
+/// The exposition text of `report`. Devices that disappeared are left out, so their series
+/// end with them.
+#[must_use]
+pub(crate) fn exposition(report: &Report) -> String {
+    let rows: Vec<&Row> = report.rows.iter().filter(|r| !r.retired).collect();
+    let mut out = String::new();
+    for metric in METRICS {
+        let Some(name) = metric.prometheus else {
+            continue;
+        };
+        let kind = match metric.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge | Kind::Derived => "gauge",
+        };
+        let _ = writeln!(out, "# HELP tap_probe_{name} {}", metric.help);
+        let _ = writeln!(out, "# TYPE tap_probe_{name} {kind}");
+        for row in &rows {
+            let _ = writeln!(
+                out,
+                "tap_probe_{name}{{{}}} {}",
+                labels(row),
+                sample(metric, row.value(metric))
+            );
+        }
+    }
+    out.push_str(
+        "# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop \
+         reason (other than a full ring).\n# TYPE tap_probe_drop_reason_total counter\n",
+    );
+    for row in &rows {
+        for (reason, n) in &row.drop_reasons {
+            let _ = writeln!(
+                out,
+                "tap_probe_drop_reason_total{{{},reason=\"{}\"}} {n}",
+                labels(row),
+                escape(reason)
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        "# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.\n\
+         # TYPE tap_probe_elapsed_seconds gauge\ntap_probe_elapsed_seconds {}\n",
+        report.elapsed_s
+    );
+    out
+}
+
+/// A sample's value: seconds for times, 1 or 0 for flags.
+#[expect(clippy::cast_precision_loss, reason = "Prometheus samples are floats")]
+fn sample(metric: &Metric, value: Value) -> f64 {
+    match (value, metric.unit) {
+        (Value::Count(ns), Unit::Nanoseconds) => ns as f64 / 1e9,
+        (Value::Count(n), _) => n as f64,
+        (Value::Flag(flag), _) => f64::from(u8::from(flag)),
+        (Value::Ratio(ratio), _) => ratio.unwrap_or(f64::NAN),
+    }
+}
+
+fn labels(row: &Row) -> String {
+    format!(
+        "netns=\"{}\",device=\"{}\",kind=\"{}\",queue=\"{}\"",
+        escape(&row.netns),
+        escape(&row.ifname),
+        format!("{:?}", row.kind).to_lowercase(),
+        row.queue
+    )
+}
+
+/// Escapes a label value: backslash, double quote and newline, as the format requires.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str(r"\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str(r"\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::discovery::DeviceKind;
+    use crate::host::report::KernelDeltas;
+    use tap_probe_common::QueueCounters;
+
+    fn row(name: &str, queue: u32) -> Row {
+        Row {
+            ifname: name.to_owned(),
+            ifindex: 7,
+            netns: "vm \"a\"\\b\nc".to_owned(),
+            kind: DeviceKind::Tap,
+            queue,
+            owner: None,
+            counters: QueueCounters {
+                xmit_calls: 10,
+                enqueued: 7,
+                busy: 1,
+                dropped_full_ring: 2,
+                dropped_other: 0,
+                consumed: 6,
+                queue_stops: 1,
+                queue_wakes: 1,
+                stopped_ns: 1_500_000_000,
+                reader_sleeps: 4,
+            },
+            stopped: true,
+            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
+            kernel: KernelDeltas {
+                tx_packets: 6,
+                tx_dropped: 2,
+            },
+            retired: false,
+        }
+    }
+
+    fn report(rows: Vec<Row>) -> Report {
+        Report {
+            elapsed_s: 2.5,
+            sources: crate::bpf::backend::Sources {
+                xmit: crate::bpf::backend::Xmit::Tracepoints,
+                consumed: crate::bpf::backend::Consume::Tracepoint,
+                notes: Vec::new(),
+            },
+            programs: None,
+            rows,
+        }
+    }
+
+    #[test]
+    fn every_family_is_declared_once_with_one_sample_per_live_row() {
+        let mut gone = row("tap1", 0);
+        gone.retired = true;
+        let text = exposition(&report(vec![row("tap0", 0), row("tap0", 1), gone]));
+        for name in METRICS.iter().filter_map(|m| m.prometheus) {
+            let name = format!("tap_probe_{name}");
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} ")).count(),
+                1,
+                "{name}"
+            );
+            let samples = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{name}{{")))
+                .count();
+            assert_eq!(
+                samples, 2,
+                "{name}: two live queue rows, the retired one left out"
+            );
+        }
+        assert!(!text.contains("tap1"), "a retired device has no series");
+    }
+
+    #[test]
+    fn samples_carry_escaped_labels_and_values() {
+        let text = exposition(&report(vec![row("tap0", 1)]));
+        let labels = r#"netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1""#;
+        for expected in [
+            format!("tap_probe_xmit_calls_total{{{labels}}} 10"),
+            format!("tap_probe_stopped_seconds_total{{{labels}}} 1.5"),
+            format!("tap_probe_queue_stopped{{{labels}}} 1"),
+            format!("tap_probe_reader_sleeps_total{{{labels}}} 4"),
+            format!("tap_probe_drop_reason_total{{{labels},reason=\"xmit_error\"}} 3"),
+            "tap_probe_elapsed_seconds 2.5".to_owned(),
+        ] {
+            assert!(
+                text.lines().any(|l| l == expected),
+                "{expected} in:\n{text}"
+            );
+        }
+    }
+
+    /// The exposition as it has been since the families were introduced, byte for byte:
+    /// scrapers and dashboards depend on the names, the order does not hurt to keep.
+    #[test]
+    fn exposition_is_unchanged() {
+        const GOLDEN: &str = r#"# HELP tap_probe_xmit_calls_total Calls into the driver's ndo_start_xmit.
+# TYPE tap_probe_xmit_calls_total counter
+tap_probe_xmit_calls_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 10
+# HELP tap_probe_enqueued_total Packets the driver took into its ring.
+# TYPE tap_probe_enqueued_total counter
+tap_probe_enqueued_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 7
+# HELP tap_probe_busy_total NETDEV_TX_BUSY returns (the packet goes back to the qdisc).
+# TYPE tap_probe_busy_total counter
+tap_probe_busy_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_dropped_full_ring_total Packets freed inside the driver because the ring was full (tail-drop).
+# TYPE tap_probe_dropped_full_ring_total counter
+tap_probe_dropped_full_ring_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_dropped_other_total Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).
+# TYPE tap_probe_dropped_other_total counter
+tap_probe_dropped_other_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_consumed_total Packets the reader took out of the ring.
+# TYPE tap_probe_consumed_total counter
+tap_probe_consumed_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6
+# HELP tap_probe_queue_stops_total Transitions of the queue to stopped (DRV_XOFF set).
+# TYPE tap_probe_queue_stops_total counter
+tap_probe_queue_stops_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_queue_wakes_total Transitions of the queue to running (DRV_XOFF cleared).
+# TYPE tap_probe_queue_wakes_total counter
+tap_probe_queue_wakes_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_stopped_seconds_total Time the queue spent stopped, including a stop still running.
+# TYPE tap_probe_stopped_seconds_total counter
+tap_probe_stopped_seconds_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1.5
+# HELP tap_probe_queue_stopped 1 while the queue is stopped, as last observed.
+# TYPE tap_probe_queue_stopped gauge
+tap_probe_queue_stopped{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_reader_sleeps_total Times the queue's reader slept between two packets it took.
+# TYPE tap_probe_reader_sleeps_total counter
+tap_probe_reader_sleeps_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 4
+# HELP tap_probe_kernel_tx_packets_total The device's own tx_packets since tracking began (per device, on every queue).
+# TYPE tap_probe_kernel_tx_packets_total counter
+tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6
+# HELP tap_probe_kernel_tx_dropped_total The device's own tx_dropped since tracking began (per device, on every queue).
+# TYPE tap_probe_kernel_tx_dropped_total counter
+tap_probe_kernel_tx_dropped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop reason (other than a full ring).
+# TYPE tap_probe_drop_reason_total counter
+tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",reason="xmit_error"} 3
+# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.
+# TYPE tap_probe_elapsed_seconds gauge
+tap_probe_elapsed_seconds 2.5
+"#;
+        assert_eq!(exposition(&report(vec![row("tap0", 1)])), GOLDEN);
+    }
+}
