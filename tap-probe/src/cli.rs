@@ -119,6 +119,7 @@ pub(crate) enum QdiscArg {
     Noqueue,
     PfifoFast,
     Pfifo,
+    FqCodel,
 }
 
 impl From<QdiscArg> for RootQdisc {
@@ -127,6 +128,7 @@ impl From<QdiscArg> for RootQdisc {
             QdiscArg::Noqueue => Self::Noqueue,
             QdiscArg::PfifoFast => Self::PfifoFast,
             QdiscArg::Pfifo => Self::Pfifo { limit: None },
+            QdiscArg::FqCodel => Self::FqCodel,
         }
     }
 }

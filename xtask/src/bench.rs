@@ -9,6 +9,7 @@
 mod ab;
 mod backends;
 mod overhead;
+mod probed;
 mod record;
 mod replay;
 
@@ -38,9 +39,31 @@ enum BenchKind {
     /// Replay harness speed: in-memory replay events/s on one core, `--live` items/s.
     Replay(replay::Args),
     /// Per-packet cost of each probe backend (kprobe, auto, tracepoint, fentry) as
-    /// throughput of `tap-probe load` relative to no probe, measured in the QEMU guest
-    /// (`cargo xtask vm`'s kernel, which has kprobes) in one boot.
+    /// throughput of `tap-probe load` relative to no probe, measured in a QEMU guest (whose
+    /// kernel has kprobes) in one boot.
     Backends(backends::Args),
+}
+
+/// The guest side of a guest benchmark (`xtask` runs inside the guest).
+#[derive(Debug, clap::Args)]
+pub(crate) struct GuestArgs {
+    #[command(subcommand)]
+    kind: GuestKind,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum GuestKind {
+    Backends(backends::GuestArgs),
+}
+
+/// Runs a guest benchmark's guest side.
+///
+/// # Errors
+/// If a run cannot be run at all.
+pub(crate) fn guest(args: &GuestArgs) -> anyhow::Result<()> {
+    match &args.kind {
+        GuestKind::Backends(args) => backends::guest(args),
+    }
 }
 
 /// What the host A/B benchmarks (`overhead`, `record`) take.
@@ -63,7 +86,7 @@ pub(crate) struct RoundArgs {
 /// If setup, the build or any run fails.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     setup::run(&setup::Args {})?;
-    // The guest benchmark builds its own (static) tap-probe.
+    // The guest benchmark builds its own tap-probe.
     let tap_probe = || cmd::build_release_bin("tap-probe", "tap-probe");
     match &args.kind {
         BenchKind::Overhead(args) => overhead::run(args, &tap_probe()?),

@@ -38,6 +38,9 @@ enum Command {
     SeedTun(seed_tun::Args),
     /// Run a benchmark and write its results as JSON.
     Bench(bench::Args),
+    /// The guest side of a guest benchmark; `cargo xtask bench` runs it in the guest.
+    #[command(hide = true)]
+    BenchGuest(bench::GuestArgs),
     /// Run the privileged tests in QEMU guests (kernels with kprobes and the tail-drop
     /// fix), after `--` arguments for the test binaries.
     Vm(vm::Args),
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
             .and_then(|()| seed_tun::run(&args))
             .map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::BenchGuest(args) => bench::guest(&args).map(|()| ExitCode::SUCCESS),
         Command::Vm(args) => setup::run(&setup::Args {})
             .and_then(|()| vm::run(&args))
             .map(|()| ExitCode::SUCCESS),

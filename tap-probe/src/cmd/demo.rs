@@ -51,6 +51,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         tx_queue_len: None,
         reader_pps: Some(args.reader_pps),
         reader_deadline: Some(args.duration + Duration::from_secs(30)),
+        ..SessionConfig::default()
     };
     let mut session = LoadSession::start(&session_cfg, stop.flag())?;
     let device = session.device().clone();

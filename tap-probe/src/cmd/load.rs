@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::cli::{Format, QdiscArg};
-use crate::lab::load::{LoadConfig, SessionConfig, run_load_with_stop};
+use crate::lab::load::{LoadConfig, ReaderKind, SessionConfig, run_load_with_stop};
 use crate::os::netlink::RootQdisc;
 use crate::os::signals::Stop;
 
@@ -18,6 +18,10 @@ pub(crate) struct Args {
     /// Transmit queue length of the tap (also the size of its ring).
     #[arg(long, value_name = "N")]
     pub(crate) tx_queue_len: Option<u32>,
+    /// Who reads the tap: `read` (a thread calling read(2), as QEMU without vhost-net) or
+    /// `vhost` (vhost-net driven from userspace: needs /dev/vhost-net).
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) reader: ReaderKind,
     /// Packets per second the reader takes (a slow VM); unlimited when not given.
     #[arg(long, value_name = "N")]
     pub(crate) reader_pps: Option<u64>,
@@ -54,6 +58,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         session: SessionConfig {
             qdisc: args.qdisc.map(RootQdisc::from),
             tx_queue_len: args.tx_queue_len,
+            reader: args.reader,
             reader_pps: args.reader_pps,
             reader_deadline: None,
         },

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow};
 
 use crate::lab::traffic::{self, ReadReport, ReaderConfig, SendReport, SenderConfig};
+use crate::lab::vhost::{
+    Counters as VhostCounters, RunConfig, RunReport, VhostConfig, VhostReader,
+};
 use crate::os::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
 use crate::os::netns::{self, NamedNetns};
 use crate::os::tap::{Tap, TapOptions};
@@ -21,8 +24,23 @@ use crate::output::table::{Align, Table};
 pub(crate) const TAP_NAME: &str = "tp-load0";
 /// How long draining the ring after traffic may take at most.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// vhost-net has delivered everything once nothing arrived for this long with every
+/// receive buffer posted.
+const VHOST_QUIET: Duration = Duration::from_millis(100);
 /// The reader outlives the sender by at most this (it is normally stopped explicitly).
 const READER_GRACE: Duration = Duration::from_secs(10);
+
+/// Who plays the VM on the tap's queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum ReaderKind {
+    /// A thread calling `read(2)` on the queue, as QEMU does without vhost-net.
+    #[default]
+    Read,
+    /// vhost-net, driven from userspace (`lab/vhost.rs`): the kernel's vhost worker takes
+    /// the frames in batches, as it does for a VM with vhost-net, without a VM.
+    Vhost,
+}
 
 /// The tap's setup.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +48,7 @@ pub(crate) struct SessionConfig {
     /// Root qdisc to install; the kernel default (`pfifo_fast`) when `None`.
     pub(crate) qdisc: Option<RootQdisc>,
     pub(crate) tx_queue_len: Option<u32>,
+    pub(crate) reader: ReaderKind,
     /// Reader pace; unlimited when `None`.
     pub(crate) reader_pps: Option<u64>,
     /// The reader stops by itself after this long (it is normally stopped by
@@ -84,6 +103,8 @@ pub(crate) struct DrainReport {
     /// Change of the root qdisc's counters (`qlen`/`backlog` are current values); `None`
     /// when the tap has no qdisc that reports any.
     pub(crate) qdisc: Option<QdiscStats>,
+    /// The vhost-net reader's own totals, when it read.
+    pub(crate) vhost: Option<VhostCounters>,
 }
 
 /// A namespace with an up tap in it and a reader thread on its queue. Dropping it stops
@@ -92,7 +113,7 @@ pub(crate) struct DrainReport {
 pub(crate) struct LoadSession {
     stop: Arc<AtomicBool>,
     reader_stop: Arc<AtomicBool>,
-    reader: Option<JoinHandle<Result<ReadReport>>>,
+    reader: Option<Reader>,
     device: DeviceIdentity,
     qdisc_kind: String,
     tx_queue_len: u32,
@@ -125,20 +146,8 @@ impl LoadSession {
             .with_context(|| format!("cannot set up the tap in network namespace {name}"))?;
         let link = rtnl.link_by_index(tap.ifindex())?;
         let baseline_qdisc = rtnl.root_qdisc_stats(tap.ifindex()).ok();
-        let reader_fd = tap.clone_queue_fd(0)?;
         let reader_stop = Arc::new(AtomicBool::new(false));
-        let reader_cfg = ReaderConfig {
-            pps: cfg.reader_pps,
-            deadline: cfg.reader_deadline.unwrap_or(Duration::from_hours(1)),
-            max_packets: None,
-        };
-        let reader = {
-            let reader_stop = Arc::clone(&reader_stop);
-            std::thread::Builder::new()
-                .name("tap-reader".into())
-                .spawn(move || traffic::read(reader_fd.as_fd(), &reader_cfg, &reader_stop))
-                .context("cannot start the reader thread")?
-        };
+        let reader = Reader::start(&tap, cfg, Arc::clone(&reader_stop))?;
         Ok(Self {
             stop,
             reader_stop,
@@ -193,12 +202,15 @@ impl LoadSession {
     /// # Errors
     /// When the reader failed or reading the counters fails.
     pub(crate) fn drain(&mut self) -> Result<DrainReport> {
-        let reader = self.stop_reader().context("the reader thread failed")?;
+        self.reader_stop.store(true, Ordering::Relaxed);
         let tap = self
             .tap
             .as_ref()
             .ok_or_else(|| anyhow!("the tap is gone"))?;
-        let drained = traffic::drain_until_quiet(tap.queue_fd(0), DRAIN_LIMIT)?;
+        let (reader, drained, vhost) = match self.reader.take() {
+            None => (ReadReport::default(), 0, None),
+            Some(reader) => reader.drain(tap).context("the reader thread failed")?,
+        };
         let now = self.link_stats()?;
         let link = LinkStats {
             tx_packets: now.tx_packets.saturating_sub(self.baseline.tx_packets),
@@ -231,17 +243,112 @@ impl LoadSession {
             drained,
             link,
             qdisc,
+            vhost,
         })
     }
 
-    fn stop_reader(&mut self) -> Result<ReadReport> {
+    fn stop_reader(&mut self) -> Result<()> {
         self.reader_stop.store(true, Ordering::Relaxed);
         match self.reader.take() {
-            None => Ok(ReadReport::default()),
-            Some(handle) => handle
-                .join()
-                .map_err(|_| anyhow!("the reader thread panicked"))?,
+            None => Ok(()),
+            Some(reader) => reader.join().map(drop),
         }
+    }
+}
+
+/// The reader thread playing the VM, and what it hands back when it stops.
+#[derive(Debug)]
+enum Reader {
+    Read(JoinHandle<Result<ReadReport>>),
+    /// The vhost reader comes back from its thread so that the drain can take what is left
+    /// and release the backend.
+    Vhost(JoinHandle<Result<(VhostReader, ReadReport)>>),
+}
+
+impl Reader {
+    fn start(tap: &Tap, cfg: &SessionConfig, stop: Arc<AtomicBool>) -> Result<Self> {
+        let deadline = cfg.reader_deadline.unwrap_or(Duration::from_hours(1));
+        let thread = std::thread::Builder::new().name("tap-reader".into());
+        Ok(match cfg.reader {
+            ReaderKind::Read => {
+                let fd = tap.clone_queue_fd(0)?;
+                let reader_cfg = ReaderConfig {
+                    pps: cfg.reader_pps,
+                    deadline,
+                    max_packets: None,
+                };
+                Self::Read(
+                    thread
+                        .spawn(move || traffic::read(fd.as_fd(), &reader_cfg, &stop))
+                        .context("cannot start the reader thread")?,
+                )
+            }
+            ReaderKind::Vhost => {
+                // Attached here, so that a missing /dev/vhost-net is an error before any
+                // traffic; any thread of this process may then drive it.
+                let mut vhost = VhostReader::attach(tap.queue_fd(0), &VhostConfig::default())?;
+                let run_cfg = RunConfig {
+                    pps: cfg.reader_pps,
+                    deadline,
+                    max_frames: None,
+                    idle_stop: None,
+                };
+                Self::Vhost(
+                    thread
+                        .spawn(move || {
+                            let run = vhost.run(&run_cfg, &stop, &mut |_| {})?;
+                            Ok((vhost, read_report(run)))
+                        })
+                        .context("cannot start the vhost reader thread")?,
+                )
+            }
+        })
+    }
+
+    /// Waits for the (stopped) reader, then takes what is left on the queue: frames in the
+    /// tap's ring and, for vhost-net, in its batch and the receive ring; vhost-net's backend
+    /// is released last, so that its count ends equal to the tap's `tx_packets`.
+    fn drain(self, tap: &Tap) -> Result<(ReadReport, u64, Option<VhostCounters>)> {
+        match self {
+            Self::Read(handle) => {
+                let report = join(handle)?;
+                let drained = traffic::drain_until_quiet(tap.queue_fd(0), DRAIN_LIMIT)?;
+                Ok((report, drained, None))
+            }
+            Self::Vhost(handle) => {
+                let (mut vhost, report) = join(handle)?;
+                let never = AtomicBool::new(false);
+                let rest = vhost.run(
+                    &RunConfig::drain(VHOST_QUIET, DRAIN_LIMIT),
+                    &never,
+                    &mut |_| {},
+                )?;
+                let last = vhost.detach(&mut |_| {})?;
+                Ok((report, rest.frames + last.frames, Some(vhost.counters())))
+            }
+        }
+    }
+
+    fn join(self) -> Result<ReadReport> {
+        match self {
+            Self::Read(handle) => join(handle),
+            Self::Vhost(handle) => join(handle).map(|(_, report)| report),
+        }
+    }
+}
+
+fn join<T>(handle: JoinHandle<Result<T>>) -> Result<T> {
+    handle
+        .join()
+        .map_err(|_| anyhow!("the reader thread panicked"))?
+}
+
+/// A vhost reader's run as the `read(2)` reader reports it.
+fn read_report(run: RunReport) -> ReadReport {
+    ReadReport {
+        packets: run.frames,
+        bytes: run.bytes,
+        elapsed: run.elapsed,
     }
 }
 
@@ -283,6 +390,7 @@ fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct LoadReport {
     pub(crate) device: DeviceIdentity,
+    pub(crate) reader: ReaderKind,
     pub(crate) qdisc: String,
     pub(crate) tx_queue_len: u32,
     pub(crate) frame_len: usize,
@@ -311,6 +419,8 @@ pub(crate) struct LoadReport {
     /// `read_by_reader / elapsed`: what the "VM" got.
     pub(crate) delivered_pps: f64,
     pub(crate) interrupted: bool,
+    /// The vhost-net reader's own totals (`--reader vhost`): frames, buffers, kicks, waits.
+    pub(crate) vhost: Option<VhostCounters>,
 }
 
 impl LoadReport {
@@ -328,6 +438,13 @@ impl LoadReport {
                     self.device.netns_name,
                     self.device.netns_inode
                 ),
+            ),
+            (
+                "reader",
+                match self.reader {
+                    ReaderKind::Read => "read(2)".to_owned(),
+                    ReaderKind::Vhost => "vhost-net".to_owned(),
+                },
             ),
             ("qdisc", self.qdisc.clone()),
             ("tx_queue_len", self.tx_queue_len.to_string()),
@@ -393,6 +510,7 @@ pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Re
     let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     Ok(LoadReport {
         device: session.device().clone(),
+        reader: cfg.session.reader,
         qdisc: drained
             .qdisc
             .as_ref()
@@ -414,11 +532,12 @@ pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Re
         sender_pps: per_sec(sent.sent),
         delivered_pps: per_sec(drained.reader.packets),
         interrupted: stop.load(Ordering::Relaxed),
+        vhost: drained.vhost,
     })
 }
 
 fn sleep_unless(duration: Duration, stop: &AtomicBool) {
-    let end = traffic::deadline_after(Instant::now(), duration);
+    let end = crate::lab::pacer::deadline_after(Instant::now(), duration);
     while !stop.load(Ordering::Relaxed) {
         let left = end.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -470,7 +589,7 @@ mod tests {
                 qdisc: Some(RootQdisc::Pfifo { limit: None }),
                 tx_queue_len: Some(100),
                 reader_pps: Some(2_000),
-                reader_deadline: None,
+                ..SessionConfig::default()
             },
             packets: 20_000,
             duration: Duration::from_secs(1),

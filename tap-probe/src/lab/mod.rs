@@ -1,13 +1,15 @@
-//! Test rigs: bounded traffic, a tap with a reader playing the VM (`load`, `demo`), and a
-//! deliberately slow veth peer. The benchmarks and the privileged tests drive them.
+//! Test rigs: bounded traffic, a tap with a reader playing the VM (`load`, `demo`): a
+//! `read(2)` loop or vhost-net driven from userspace; and a deliberately slow veth peer. The benchmarks and the privileged tests drive them.
 //!
 //! This is also the library's surface for the privileged integration tests: the rigs, and
 //! the parts of tap-probe they drive (real devices in private namespaces, a watcher
 //! counting them).
 
 pub(crate) mod load;
+pub(crate) mod pacer;
 pub(crate) mod slow_consumer;
 pub(crate) mod traffic;
+pub(crate) mod vhost;
 
 pub use crate::bpf::backend::Backend;
 pub use crate::host::discovery::{DeviceKind, Discovery, Filter};

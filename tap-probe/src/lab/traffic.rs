@@ -19,6 +19,7 @@ use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
+use crate::lab::pacer::{Pacer, deadline_after};
 use crate::os::tap::Tap;
 
 const ETH_HDR: usize = 14;
@@ -40,8 +41,6 @@ const SEND_BUFFER: libc::c_int = 64 << 20;
 /// How long a blocked wait (poll) lasts at most before stop flags and deadlines are
 /// checked again.
 const POLL_SLICE: Duration = Duration::from_millis(20);
-/// Pacing sleeps shorter than this are not worth a syscall; the loop yields instead.
-const MIN_SLEEP: Duration = Duration::from_micros(200);
 
 /// What to send.
 #[derive(Debug, Clone)]
@@ -307,43 +306,6 @@ fn ipv4_checksum(header: &[u8]) -> u16 {
     !u16::try_from(sum).unwrap_or(u16::MAX)
 }
 
-/// A token bucket expressed as a schedule: frame `n` may go at `start + n / pps`. Bursts
-/// are bounded by the caller's batch size.
-struct Pacer {
-    pps: u64,
-    start: Instant,
-}
-
-impl Pacer {
-    fn new(pps: u64, start: Instant) -> Self {
-        Self {
-            pps: pps.max(1),
-            start,
-        }
-    }
-
-    /// Frames allowed by `now` beyond the `done` already sent.
-    fn allowed(&self, now: Instant, done: u64) -> u64 {
-        let elapsed = now.duration_since(self.start).as_nanos();
-        let due = elapsed * u128::from(self.pps) / 1_000_000_000 + 1;
-        u64::try_from(due).unwrap_or(u64::MAX).saturating_sub(done)
-    }
-
-    /// Sleeps until frame `done` is due (or `end`): sleeping when far ahead, yielding when
-    /// the next frame is due within [`MIN_SLEEP`].
-    fn wait(&self, done: u64, end: Instant) {
-        let due_ns = u128::from(done) * 1_000_000_000 / u128::from(self.pps);
-        let due = self.start + Duration::from_nanos(u64::try_from(due_ns).unwrap_or(u64::MAX));
-        let until = due.min(end);
-        let gap = until.saturating_duration_since(Instant::now());
-        if gap >= MIN_SLEEP {
-            std::thread::sleep(gap);
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// How to read.
 #[derive(Debug, Clone, Copy)]
 pub struct ReaderConfig {
@@ -537,14 +499,6 @@ fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {
         }
         Err(err) => Err(err).context("poll on the tap queue failed"),
     }
-}
-
-/// `start + d`, saturating at a year for "no deadline" values such as `Duration::MAX`.
-#[must_use]
-pub(crate) fn deadline_after(start: Instant, d: Duration) -> Instant {
-    start
-        .checked_add(d.min(Duration::from_hours(365 * 24)))
-        .unwrap_or(start)
 }
 
 fn poll_timeout(d: Duration) -> PollTimeout {

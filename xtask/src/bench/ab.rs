@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{kernel_release, median, round_order, write_json};
 
@@ -51,7 +51,7 @@ impl<V: Copy> Schedule<V> {
 }
 
 /// What became of a run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", content = "reason", rename_all = "kebab-case")]
 pub(crate) enum Status {
     Valid,
@@ -60,10 +60,13 @@ pub(crate) enum Status {
     Invalid(String),
     /// It did not run to its end.
     Failed(String),
+    /// What it measures cannot run on this kernel (a probe backend it lacks): reported,
+    /// neither measured nor a problem.
+    Unavailable(String),
 }
 
 /// One run: its place in the schedule, its status and what it measured.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct Run<V, R> {
     /// `None` in the warm-up round.
     pub(crate) round: Option<u32>,
@@ -223,7 +226,7 @@ impl<V: Copy + Eq + fmt::Display + Serialize, R: Serialize, C: Serialize> Result
         let problems = runs
             .iter()
             .filter_map(|run| match &run.status {
-                Status::Valid => None,
+                Status::Valid | Status::Unavailable(_) => None,
                 Status::Invalid(why) | Status::Failed(why) => Some(format!(
                     "{}, {}: {why}",
                     run.round
@@ -287,6 +290,7 @@ impl<V: Copy + Eq + fmt::Display + Serialize, R: Serialize, C: Serialize> Result
                 Status::Valid => "valid".to_owned(),
                 Status::Invalid(why) => format!("INVALID: {why}"),
                 Status::Failed(why) => format!("FAILED: {why}"),
+                Status::Unavailable(why) => format!("unavailable: {why}"),
             });
             runs.push(row);
         }

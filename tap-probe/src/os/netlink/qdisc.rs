@@ -21,6 +21,10 @@ pub enum RootQdisc {
     PfifoFast,
     /// One FIFO; `limit` packets, or `tx_queue_len` when `None`.
     Pfifo { limit: Option<u32> },
+    /// Flow queueing with `CoDel`, with its defaults (10240 packets, 5 ms target): the default
+    /// qdisc of most distributions (Debian's kernels are built with it as the default), an
+    /// AQM that drops packets that waited too long. Not built into every kernel.
+    FqCodel,
 }
 
 impl RootQdisc {
@@ -30,6 +34,7 @@ impl RootQdisc {
             Self::Noqueue => "noqueue",
             Self::PfifoFast => "pfifo_fast",
             Self::Pfifo { .. } => "pfifo",
+            Self::FqCodel => "fq_codel",
         }
     }
 }

@@ -1,0 +1,275 @@
+//! One run of `tap-probe load` with a probe beside it, as the overhead benchmark (on this
+//! host) and the backends benchmark (in a guest) run it: the probe starts first and the load
+//! only once the probe has attached; a run with `tap-probe watch` is valid only if the watch
+//! counted one driver call per packet the load sent (a probe that missed part of the run
+//! would look cheaper than it is).
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::ab::{Measure, Status};
+use super::{Proc, WATCH_LOAD_ARGS, create, load, number, watched_xmit_calls};
+use crate::cmd;
+
+/// The events tap-probe's host backend counts, counted the simplest way bpftrace can.
+pub(crate) const BPFTRACE_PROGRAM: &str = "tracepoint:net:net_dev_start_xmit, \
+     tracepoint:net:net_dev_xmit, tracepoint:skb:kfree_skb, tracepoint:skb:consume_skb, \
+     tracepoint:qdisc:qdisc_dequeue { @[probe] = count(); }";
+
+/// How long bpftrace gets to print "Attaching" before the load starts anyway.
+const BPFTRACE_ATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// The load's report field read as throughput.
+pub(crate) const THROUGHPUT: &str = "delivered_pps";
+
+/// What runs beside the load.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Probe {
+    None,
+    /// `tap-probe watch`, with `--backend` when given.
+    Watch(Option<&'static str>),
+    /// The bpftrace one-liner.
+    Bpftrace,
+}
+
+/// How a run is timed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    /// Seconds of traffic.
+    pub(crate) duration: u32,
+    /// Seconds the load waits before sending, so that a watch (which looks for new
+    /// namespaces every refresh) has found the load's tap by then.
+    pub(crate) start_delay: u32,
+    /// How long `tap-probe watch` may take to attach (BTF parsing is slow under emulation).
+    pub(crate) attach_wait: Duration,
+}
+
+/// What one run measured.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Measured {
+    pub(crate) delivered_pps: Option<f64>,
+    pub(crate) sender_pps: Option<f64>,
+    pub(crate) sent: Option<u64>,
+    pub(crate) elapsed_s: Option<f64>,
+    /// With a watch: driver calls the watch counted on the load's tap.
+    pub(crate) xmit_calls: Option<u64>,
+    /// The load's whole report.
+    pub(crate) report: Value,
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "packet counts far below 2^52, as numbers for the table"
+)]
+pub(crate) fn measures() -> [Measure<Measured>; 5] {
+    [
+        Measure {
+            name: THROUGHPUT,
+            value: |m| m.delivered_pps,
+            digits: 0,
+        },
+        Measure {
+            name: "sender_pps",
+            value: |m| m.sender_pps,
+            digits: 0,
+        },
+        Measure {
+            name: "sent",
+            value: |m| m.sent.map(|n| n as f64),
+            digits: 0,
+        },
+        Measure {
+            name: "xmit_calls",
+            value: |m| m.xmit_calls.map(|n| n as f64),
+            digits: 0,
+        },
+        Measure {
+            name: "elapsed_s",
+            value: |m| m.elapsed_s,
+            digits: 2,
+        },
+    ]
+}
+
+/// Runs `tap-probe load` with `probe` beside it; `tag` names the run's files in `dir`. A
+/// watch that exits before attaching makes the run [`Status::Unavailable`] (a backend the
+/// kernel cannot run); any other error fails it.
+///
+/// # Errors
+/// If the load or the probe cannot be run or fails.
+pub(crate) fn run(
+    tap_probe: &Path,
+    tag: &str,
+    probe: Probe,
+    timing: Timing,
+    dir: &Path,
+) -> anyhow::Result<(Status, Measured)> {
+    let watch_out = dir.join(format!("{tag}-watch.jsonl"));
+    let observer = match probe {
+        Probe::None => None,
+        Probe::Watch(backend) => {
+            match Observer::watch(tap_probe, backend, &watch_out, timing.attach_wait)? {
+                Ok(observer) => Some(observer),
+                Err(why) => return Ok((Status::Unavailable(why), Measured::default())),
+            }
+        }
+        Probe::Bpftrace => Some(Observer::bpftrace(
+            &dir.join(format!("{tag}-bpftrace.txt")),
+        )?),
+    };
+    let report = load(tap_probe, dir, tag, timing.duration, timing.start_delay)?;
+    if let Some(observer) = observer {
+        observer.stop()?;
+    }
+    let sent = report.get("sent").and_then(Value::as_u64);
+    let xmit_calls = matches!(probe, Probe::Watch(_))
+        .then(|| counted_xmit_calls(&watch_out))
+        .transpose()?;
+    let status = match (number(&report, THROUGHPUT), sent, xmit_calls) {
+        (None, _, _) | (_, None, _) => {
+            Status::Failed(format!("the load's report has no `{THROUGHPUT}` or `sent`"))
+        }
+        // A probe that counted less than it should would look cheaper than it is.
+        (_, Some(sent), Some(counted)) if counted != sent => Status::Invalid(format!(
+            "tap-probe watch counted {counted} driver calls on the load's tap, the load sent \
+             {sent}: the probe did not watch the whole run ({})",
+            watch_out.display()
+        )),
+        _ => Status::Valid,
+    };
+    Ok((
+        status,
+        Measured {
+            delivered_pps: number(&report, THROUGHPUT),
+            sender_pps: number(&report, "sender_pps"),
+            sent,
+            elapsed_s: number(&report, "elapsed_secs"),
+            xmit_calls,
+            report,
+        },
+    ))
+}
+
+/// The driver calls the watch's JSON lines show on the load's tap.
+fn counted_xmit_calls(watch_out: &Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(watch_out)
+        .with_context(|| format!("reading {}", watch_out.display()))?;
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    Ok(watched_xmit_calls(&lines))
+}
+
+/// A probe running beside the load.
+struct Observer {
+    proc: Proc,
+    /// Copies bpftrace's piped stdout to its file.
+    reader: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Observer {
+    /// Starts `tap-probe watch` and waits until it has attached (its first report). The inner
+    /// error is the watch's own account of why it exited before attaching.
+    fn watch(
+        tap_probe: &Path,
+        backend: Option<&str>,
+        out: &Path,
+        attach_wait: Duration,
+    ) -> anyhow::Result<Result<Self, String>> {
+        let err_out = out.with_extension("err");
+        let mut watch = cmd::new(tap_probe);
+        watch
+            .args(WATCH_LOAD_ARGS)
+            .args(
+                backend
+                    .map(|backend| ["--backend", backend])
+                    .into_iter()
+                    .flatten(),
+            )
+            .stdout(create(out)?)
+            .stderr(create(&err_out)?);
+        let mut proc = Proc::spawn(&mut watch)?;
+        // Its first report means the probes are attached; only then may traffic start, or a
+        // slow start (BTF parsing on a busy machine) would miss the beginning of the run.
+        let deadline = std::time::Instant::now() + attach_wait;
+        loop {
+            if let Some(status) = proc.exited()? {
+                let stderr = std::fs::read_to_string(&err_out).unwrap_or_default();
+                return Ok(Err(format!(
+                    "tap-probe watch exited ({status}): {}",
+                    stderr.trim()
+                )));
+            }
+            if std::fs::read_to_string(out).is_ok_and(|text| text.contains('\n')) {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                proc.stop()?;
+                bail!(
+                    "tap-probe watch printed nothing within {} s",
+                    attach_wait.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Ok(Self { proc, reader: None }))
+    }
+
+    fn bpftrace(out: &Path) -> anyhow::Result<Self> {
+        let mut bpftrace = cmd::new("bpftrace");
+        bpftrace
+            .args(["-e", BPFTRACE_PROGRAM])
+            .stdout(Stdio::piped());
+        let mut proc = Proc::spawn(&mut bpftrace)?;
+        let stdout = proc.child.stdout.take().context("bpftrace stdout")?;
+        let mut file = create(out)?;
+        let (attaching, attached) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let line = line?;
+                writeln!(file, "{line}")?;
+                if line.contains("Attaching") {
+                    let _ = attaching.send(());
+                }
+            }
+            Ok(())
+        });
+        match attached.recv_timeout(BPFTRACE_ATTACH_WAIT) {
+            Ok(()) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => eprintln!(
+                "    bpftrace printed no \"Attaching\" within {} s; starting the load anyway",
+                BPFTRACE_ATTACH_WAIT.as_secs()
+            ),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // Its stdout closed first: it has exited.
+                let status = proc.stop()?;
+                bail!("bpftrace exited before attaching ({status})");
+            }
+        }
+        Ok(Self {
+            proc,
+            reader: Some(reader),
+        })
+    }
+
+    /// SIGINT, then check it exited zero.
+    fn stop(self) -> anyhow::Result<()> {
+        self.proc.interrupt()?;
+        if let Some(reader) = self.reader {
+            reader
+                .join()
+                .map_err(|_| anyhow::anyhow!("bpftrace output reader panicked"))?
+                .context("copying bpftrace output")?;
+        }
+        Ok(())
+    }
+}
