@@ -20,6 +20,10 @@ use crate::console::{self, Signal};
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
+/// The kernel command-line parameter that tells the guest its accelerator
+/// (`tap_probe.accel=tcg`); the kernel ignores parameters it does not know.
+pub const ACCEL_PARAM: &str = "tap_probe.accel";
+
 /// After the verdict, the init powers off; QEMU gets this long to exit by itself.
 const POWEROFF_GRACE: Duration = Duration::from_secs(30);
 /// After a panic, oops or KVM error, the lines that explain it (the backtrace, QEMU's
@@ -218,7 +222,14 @@ fn command(config: &Config<'_>, machine: &Machine) -> Command {
         .arg(config.kernel)
         .arg("-initrd")
         .arg(config.initrd)
-        .args(["-append", config.append]);
+        // The accelerator goes on the kernel command line too, so that what runs in the
+        // guest can say how it was measured (`/proc/cmdline`).
+        .arg("-append")
+        .arg(format!(
+            "{} {ACCEL_PARAM}={}",
+            config.append,
+            machine.accel.name()
+        ));
     for serial in &config.serials {
         let mut spec = OsString::from("file:");
         spec.push(&serial.path);

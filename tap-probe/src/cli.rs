@@ -34,6 +34,12 @@ enum Command {
     /// Replay a trace (or a synthetic workload) under each queue policy: what would the
     /// patched kernel have done?
     Replay(crate::cmd::replay::Args),
+    /// Measure the tail-drop fix's benchmark table on this kernel: delivered and lost
+    /// packets per second, stock against backpressure, read(2) and vhost-net readers.
+    Bench(crate::cmd::bench::Args),
+    /// Run the scenarios of a spec on this kernel and check their expectations (a CI gate:
+    /// exit 0 all hold, 1 one fails, 2 the spec or the kernel is the problem).
+    Check(crate::cmd::check::Args),
     /// Boot a kernel in a QEMU guest and run `tap-probe ARGS` there: its output and exit
     /// status are this command's.
     Vm(crate::cmd::vm::Args),
@@ -76,6 +82,8 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Load(args) => crate::cmd::load::run(&args).map(success),
         Command::Record(args) => crate::cmd::record::run(&args).map(success),
         Command::Replay(args) => crate::cmd::replay::run(&args).map(success),
+        Command::Bench(args) => crate::cmd::bench::run(&args).map(success),
+        Command::Check(args) => crate::cmd::check::run(&args),
         Command::Vm(args) => crate::cmd::vm::run(&args),
     }
 }
@@ -113,8 +121,12 @@ impl DeviceArgs {
     }
 }
 
-/// The root qdisc `load` and `demo` install on their tap (`--qdisc`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// The root qdisc `load`, `demo` and `check` install on their tap (`--qdisc`, a spec's
+/// `qdisc`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum QdiscArg {
     Noqueue,
     PfifoFast,

@@ -5,7 +5,9 @@
 //! then a subcommand in `cmd/`; the counters are declared in `tap-probe-common`'s
 //! `counters.rs`.
 
+mod bench;
 mod bpf;
+mod check;
 mod cli;
 mod cmd;
 mod host;

@@ -15,6 +15,11 @@ pub(crate) struct Args {
     /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
     #[arg(long, value_enum)]
     pub(crate) qdisc: Option<QdiscArg>,
+    /// Open the tap with `IFF_BACKPRESSURE`: it stops its queue when the ring fills, so the
+    /// qdisc holds packets instead of the driver dropping them (Linux 7.3; refused where
+    /// the kernel lacks it).
+    #[arg(long)]
+    pub(crate) backpressure: bool,
     /// Transmit queue length of the tap (also the size of its ring).
     #[arg(long, value_name = "N")]
     pub(crate) tx_queue_len: Option<u32>,
@@ -37,6 +42,10 @@ pub(crate) struct Args {
     /// Packets per second to send; as fast as possible when not given.
     #[arg(long, value_name = "N")]
     pub(crate) pps: Option<u64>,
+    /// Threads sending at once, each with its own socket; --packets and --pps are split
+    /// evenly among them.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(crate) sender_threads: u32,
     /// Frames per sendmmsg call.
     #[arg(long, default_value_t = 64)]
     pub(crate) batch: usize,
@@ -58,6 +67,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         session: SessionConfig {
             qdisc: args.qdisc.map(RootQdisc::from),
             tx_queue_len: args.tx_queue_len,
+            backpressure: args.backpressure,
             reader: args.reader,
             reader_pps: args.reader_pps,
             reader_deadline: None,
@@ -68,6 +78,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         pps: args.pps,
         batch: args.batch,
         start_delay: args.start_delay,
+        sender_threads: args.sender_threads,
     };
     check_capabilities()?;
     let stop = Stop::install()?;

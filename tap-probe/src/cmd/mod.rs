@@ -1,5 +1,7 @@
 //! One module per subcommand: its arguments and its `run`.
 
+pub(crate) mod bench;
+pub(crate) mod check;
 pub(crate) mod demo;
 pub(crate) mod doctor;
 pub(crate) mod load;

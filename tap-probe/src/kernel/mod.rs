@@ -63,9 +63,7 @@ impl KernelInfo {
         }
         facts.reader_range_count = count;
         Ok(Self {
-            release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_default(),
+            release: release(),
             facts,
             reader_ranges,
             consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)?
@@ -92,4 +90,12 @@ impl ReasonNames {
             .cloned()
             .unwrap_or_else(|| format!("reason_{reason}"))
     }
+}
+
+/// The running kernel's release (`uname -r`); empty when unreadable.
+#[must_use]
+pub(crate) fn release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }

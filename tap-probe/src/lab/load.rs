@@ -31,7 +31,17 @@ const VHOST_QUIET: Duration = Duration::from_millis(100);
 const READER_GRACE: Duration = Duration::from_secs(10);
 
 /// Who plays the VM on the tap's queue.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum ReaderKind {
     /// A thread calling `read(2)` on the queue, as QEMU does without vhost-net.
@@ -48,6 +58,8 @@ pub(crate) struct SessionConfig {
     /// Root qdisc to install; the kernel default (`pfifo_fast`) when `None`.
     pub(crate) qdisc: Option<RootQdisc>,
     pub(crate) tx_queue_len: Option<u32>,
+    /// Open the tap with `IFF_BACKPRESSURE` (refused where the kernel lacks it).
+    pub(crate) backpressure: bool,
     pub(crate) reader: ReaderKind,
     /// Reader pace; unlimited when `None`.
     pub(crate) reader_pps: Option<u64>,
@@ -63,9 +75,14 @@ pub(crate) struct LoadConfig {
     pub(crate) packets: u64,
     pub(crate) duration: Duration,
     pub(crate) frame_len: usize,
+    /// In all, split evenly over the sender threads.
     pub(crate) pps: Option<u64>,
     pub(crate) batch: usize,
     pub(crate) start_delay: Duration,
+    /// Threads sending at once, each with its own socket (`packets` and `pps` are split
+    /// evenly among them): several CPUs transmitting into one tap, as several guest
+    /// flows or several host applications do.
+    pub(crate) sender_threads: u32,
 }
 
 impl Default for LoadConfig {
@@ -78,12 +95,13 @@ impl Default for LoadConfig {
             pps: None,
             batch: 64,
             start_delay: Duration::ZERO,
+            sender_threads: 1,
         }
     }
 }
 
 /// Where the session's tap lives: enough to find it from a probe before traffic starts.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct DeviceIdentity {
     pub(crate) netns_inode: u32,
     pub(crate) netns_name: String,
@@ -365,7 +383,13 @@ impl Drop for LoadSession {
 
 /// Creates the tap in the calling thread's namespace and configures it.
 fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
-    let tap = Tap::create(TAP_NAME, TapOptions::default())?;
+    let tap = Tap::create(
+        TAP_NAME,
+        TapOptions {
+            backpressure: cfg.backpressure,
+            ..TapOptions::default()
+        },
+    )?;
     let mut rtnl = Rtnl::open()?;
     // IPv6 would send router and multicast-listener solicitations into the tap when it
     // comes up, polluting the counts. /proc/sys/net resolves against the opener's
@@ -387,13 +411,16 @@ fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
 }
 
 /// What a `load` run did.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct LoadReport {
     pub(crate) device: DeviceIdentity,
     pub(crate) reader: ReaderKind,
     pub(crate) qdisc: String,
     pub(crate) tx_queue_len: u32,
+    /// The tap was opened with `IFF_BACKPRESSURE`.
+    pub(crate) backpressure: bool,
     pub(crate) frame_len: usize,
+    pub(crate) sender_threads: u32,
     pub(crate) pps_limit: Option<u64>,
     pub(crate) reader_pps_limit: Option<u64>,
     /// Frames given to the kernel.
@@ -448,7 +475,9 @@ impl LoadReport {
             ),
             ("qdisc", self.qdisc.clone()),
             ("tx_queue_len", self.tx_queue_len.to_string()),
+            ("backpressure", self.backpressure.to_string()),
             ("frame_len", self.frame_len.to_string()),
+            ("sender threads", self.sender_threads.to_string()),
             ("pps limit", opt(self.pps_limit)),
             ("reader pps limit", opt(self.reader_pps_limit)),
             ("attempted", self.attempted.to_string()),
@@ -477,6 +506,41 @@ impl LoadReport {
 /// # Errors
 /// When a step fails.
 pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Result<LoadReport> {
+    run_load_observed(cfg, stop, &mut NoObserver)
+}
+
+/// Something that watches a load's tap: told when the tap is up (before any traffic) and
+/// when the run is over (after the drain).
+pub(crate) trait Observer {
+    /// # Errors
+    /// When it cannot start watching; the run is abandoned.
+    fn started(&mut self, device: &DeviceIdentity) -> Result<()>;
+    /// # Errors
+    /// When it cannot take its last reading.
+    fn finished(&mut self) -> Result<()>;
+}
+
+struct NoObserver;
+
+impl Observer for NoObserver {
+    fn started(&mut self, _: &DeviceIdentity) -> Result<()> {
+        Ok(())
+    }
+
+    fn finished(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// [`run_load_with_stop`] with `observer` told when the tap is up and when the run is over.
+///
+/// # Errors
+/// When a step fails.
+pub(crate) fn run_load_observed(
+    cfg: &LoadConfig,
+    stop: &Arc<AtomicBool>,
+    observer: &mut dyn Observer,
+) -> Result<LoadReport> {
     let session_cfg = SessionConfig {
         reader_deadline: Some(
             cfg.start_delay
@@ -486,22 +550,15 @@ pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Re
         ..cfg.session.clone()
     };
     let mut session = LoadSession::start(&session_cfg, Arc::clone(stop))?;
+    observer.started(session.device())?;
     sleep_unless(cfg.start_delay, stop);
-    let sender = SenderConfig {
-        ifindex: session.device().ifindex,
-        count: cfg.packets,
-        frame_len: cfg.frame_len,
-        deadline: cfg.duration,
-        pps: cfg.pps,
-        batch: cfg.batch,
-        stop: None,
-    };
     let sent = if stop.load(Ordering::Relaxed) {
         SendReport::default()
     } else {
-        session.send(&sender)?
+        send_with_threads(&session, cfg)?
     };
     let drained = session.drain()?;
+    observer.finished()?;
     let secs = sent.elapsed.as_secs_f64();
     #[expect(
         clippy::cast_precision_loss,
@@ -516,7 +573,9 @@ pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Re
             .as_ref()
             .map_or_else(|| session.qdisc_kind.clone(), |q| q.kind.clone()),
         tx_queue_len: session.tx_queue_len,
+        backpressure: cfg.session.backpressure,
         frame_len: cfg.frame_len,
+        sender_threads: cfg.sender_threads,
         pps_limit: cfg.pps,
         reader_pps_limit: cfg.session.reader_pps,
         attempted: sent.attempted,
@@ -533,6 +592,41 @@ pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Re
         delivered_pps: per_sec(drained.reader.packets),
         interrupted: stop.load(Ordering::Relaxed),
         vhost: drained.vhost,
+    })
+}
+
+/// Sends `cfg.packets` through the session's tap from `cfg.sender_threads` threads at once,
+/// each with its own share of the packets and of the rate; the report is their sum, over
+/// the longest of their times.
+fn send_with_threads(session: &LoadSession, cfg: &LoadConfig) -> Result<SendReport> {
+    let threads = u64::from(cfg.sender_threads.max(1));
+    let share = |total: u64, i: u64| total / threads + u64::from(i < total % threads);
+    std::thread::scope(|scope| {
+        let senders: Vec<_> = (0..threads)
+            .map(|i| {
+                let sender = SenderConfig {
+                    ifindex: session.device().ifindex,
+                    count: share(cfg.packets, i),
+                    frame_len: cfg.frame_len,
+                    deadline: cfg.duration,
+                    pps: cfg.pps.map(|pps| share(pps, i).max(1)),
+                    batch: cfg.batch,
+                    stop: None,
+                };
+                scope.spawn(move || session.send(&sender))
+            })
+            .collect();
+        let mut total = SendReport::default();
+        for sender in senders {
+            let report = sender
+                .join()
+                .map_err(|_| anyhow!("a sender thread panicked"))??;
+            total.attempted += report.attempted;
+            total.sent += report.sent;
+            total.enobufs += report.enobufs;
+            total.elapsed = total.elapsed.max(report.elapsed);
+        }
+        Ok(total)
     })
 }
 

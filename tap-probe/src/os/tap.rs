@@ -13,6 +13,14 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 const TUN_PATH: &str = "/dev/net/tun";
 
+/// `IFF_BACKPRESSURE` (`include/uapi/linux/if_tun.h`, Linux 7.3): the tap stops its queue
+/// when its ring fills, so a qdisc holds packets instead of the driver dropping them. Part of
+/// the ioctl ABI, like the other `IFF_*` flags; the kernel lists it in `TUNGETFEATURES`.
+pub(crate) const IFF_BACKPRESSURE: libc::c_int = 0x0080;
+
+/// `TUNGETFEATURES`: `_IOR('T', 207, unsigned int)` (`include/uapi/linux/if_tun.h`).
+const TUNGETFEATURES: libc::c_ulong = nix::request_code_read!(b'T', 207, size_of::<u32>());
+
 /// How to create the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TapOptions {
@@ -23,6 +31,9 @@ pub struct TapOptions {
     pub queues: u16,
     /// `IFF_TUN` (layer 3, no Ethernet header) instead of `IFF_TAP`.
     pub tun: bool,
+    /// `IFF_BACKPRESSURE`: stop the queue when the ring fills instead of dropping (Linux
+    /// 7.3); refused with an error where the kernel lacks it (see [`check_backpressure`]).
+    pub backpressure: bool,
 }
 
 impl Default for TapOptions {
@@ -31,8 +42,43 @@ impl Default for TapOptions {
             multi_queue: false,
             queues: 1,
             tun: false,
+            backpressure: false,
         }
     }
+}
+
+/// The `IFF_*` flags this kernel's tun accepts (`TUNGETFEATURES`).
+///
+/// # Errors
+/// When `/dev/net/tun` cannot be opened or the ioctl fails.
+pub(crate) fn features() -> Result<libc::c_int> {
+    let fd = open_tun()?;
+    let mut features: libc::c_uint = 0;
+    // SAFETY: TUNGETFEATURES writes one unsigned int; `features` is one and outlives the
+    // call; fd is open.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETFEATURES, &raw mut features) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error()).context("TUNGETFEATURES on /dev/net/tun");
+    }
+    libc::c_int::try_from(features).context("TUNGETFEATURES returned flags out of range")
+}
+
+/// Whether this kernel's tun has `IFF_BACKPRESSURE`.
+///
+/// # Errors
+/// When it does not, saying so; when asking fails. TUNSETIFF itself would not tell: it masks
+/// off flags it does not know (`tun_set_iff`: `flags & TUN_FEATURES`), so an older kernel
+/// would silently give a tap that tail-drops.
+pub(crate) fn check_backpressure() -> Result<()> {
+    if features()? & IFF_BACKPRESSURE == 0 {
+        bail!(
+            "this kernel's tun ({}) has no IFF_BACKPRESSURE (TUNGETFEATURES does not list \
+             0x0080; it came with Linux 7.3): its taps tail-drop when the ring is full. Run \
+             on a kernel with it, e.g. `tap-probe vm --kernel debian-7.3 -- ...`",
+            crate::kernel::release()
+        );
+    }
+    Ok(())
 }
 
 /// A tun/tap device and the fds of its queues. Reading a queue fd takes packets the host
@@ -73,6 +119,10 @@ impl Tap {
             };
         if opts.multi_queue {
             flags |= libc::IFF_MULTI_QUEUE;
+        }
+        if opts.backpressure {
+            check_backpressure()?;
+            flags |= IFF_BACKPRESSURE;
         }
         let mut actual = name.to_owned();
         let mut queues = Vec::with_capacity(usize::from(opts.queues));
@@ -151,9 +201,8 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> Result<(
     Ok(())
 }
 
-/// Opens `/dev/net/tun` and binds it to device `name` with `flags`; returns the fd and the
-/// device name the kernel reported back.
-fn attach(name: &str, flags: libc::c_int) -> Result<(OwnedFd, String)> {
+/// `/dev/net/tun`, opened.
+fn open_tun() -> Result<OwnedFd> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -165,7 +214,13 @@ fn attach(name: &str, flags: libc::c_int) -> Result<(OwnedFd, String)> {
             }
             _ => anyhow!("cannot open {TUN_PATH}: {err}"),
         })?;
-    let fd = OwnedFd::from(file);
+    Ok(OwnedFd::from(file))
+}
+
+/// Opens `/dev/net/tun` and binds it to device `name` with `flags`; returns the fd and the
+/// device name the kernel reported back.
+fn attach(name: &str, flags: libc::c_int) -> Result<(OwnedFd, String)> {
+    let fd = open_tun()?;
 
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
