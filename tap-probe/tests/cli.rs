@@ -40,3 +40,35 @@ fn an_interval_below_the_floor_is_refused() {
     assert!(stderr.contains("shorter than 0.01 s"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_spec_naming_an_unknown_counter_is_refused_before_any_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("lab.toml");
+    let junit = dir.path().join("junit.xml");
+    std::fs::write(
+        &spec,
+        "[[scenario]]\nname = \"typo\"\nqdisc = \"fq-codel\"\npackets = 1000\n\
+         expect = [\"dropped_fullring == 0\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(&spec)
+        .arg("--junit")
+        .arg(&junit)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("dropped_fullring"), "{stderr}");
+    assert!(
+        stderr.contains("dropped_full_ring"),
+        "suggests the right name: {stderr}"
+    );
+    // No scenario ran: nothing was reported on stdout, and the JUnit report is the spec's
+    // problem alone.
+    assert!(out.stdout.is_empty());
+    let junit = std::fs::read_to_string(&junit).unwrap();
+    assert!(junit.contains("<error"), "{junit}");
+}

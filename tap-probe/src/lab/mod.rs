@@ -24,6 +24,14 @@ pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};
 pub use crate::os::tap::{Tap, TapOptions};
 
+/// Whether this kernel's tun offers `IFF_BACKPRESSURE` (`TUNGETFEATURES`).
+///
+/// # Errors
+/// When `/dev/net/tun` cannot be asked.
+pub fn tun_has_backpressure() -> anyhow::Result<bool> {
+    Ok(crate::os::tap::features()? & crate::os::tap::IFF_BACKPRESSURE != 0)
+}
+
 /// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,
 /// the form aya's tests use).
 #[must_use]
