@@ -1,4 +1,4 @@
-//! The table of `tap-probe bench`: the seeds' comparison, measured. Rows are the reader
+//! The table of `tap-probe bench`: the patch series' comparison, measured. Rows are the reader
 //! paths (`TAP (read)`, `TAP + vhost-net`), one table per number of sender threads, columns
 //! Stock and Backpressure, each cell the median of N runs with its spread, and the diff
 //! of the medians in percent.
@@ -275,7 +275,7 @@ impl BenchTable {
         .unwrap_or_default()
     }
 
-    /// The markdown tables, one per number of sender threads, shaped like the seeds'.
+    /// The markdown tables, one per number of sender threads, shaped like the series' own.
     pub(crate) fn markdown(&self) -> String {
         let h = &self.header;
         let runs: BTreeSet<usize> = self.cells.iter().map(|c| c.runs.len()).collect();
@@ -452,8 +452,8 @@ mod tests {
         }
     }
 
-    /// The seeds' numbers (v8, 1 and 2 threads), three runs around each.
-    fn seeds() -> Vec<Cell> {
+    /// The series' published numbers (v8, 1 and 2 threads), three runs around each.
+    fn published() -> Vec<Cell> {
         let three = |pps: f64, lost: f64, ring: u64, qdisc: u64| {
             vec![
                 run(pps * 0.99, lost * 1.01, ring + 10, qdisc),
@@ -528,7 +528,7 @@ mod tests {
 
     #[test]
     fn diffs_are_backpressure_against_stock() {
-        let table = BenchTable::new(header("kvm"), seeds()).unwrap();
+        let table = BenchTable::new(header("kvm"), published()).unwrap();
         assert_eq!(table.diffs.len(), 4);
         let d = &table.diffs[0];
         assert_eq!((d.path, d.sender_threads), (Path::Tap, 1));
@@ -542,8 +542,8 @@ mod tests {
     }
 
     #[test]
-    fn markdown_has_the_seeds_shape() {
-        let md = BenchTable::new(header("tcg"), seeds()).unwrap().markdown();
+    fn markdown_has_the_series_shape() {
+        let md = BenchTable::new(header("tcg"), published()).unwrap().markdown();
         let expected = "\
 Kernel 7.3.0-1-cloud-amd64, 2 CPUs, accelerator tcg; 1000000 packets per run, 3 runs per cell, median (min–max).  
 Stock: IFF_BACKPRESSURE off, pfifo_fast. Backpressure: IFF_BACKPRESSURE on, fq_codel.
@@ -570,13 +570,13 @@ Drops are per run (medians): ring drops are tail-drops at the tap's full ring, q
 Measured under TCG (emulation): the ratios carry, the absolute rates do not.
 ";
         assert_eq!(md, expected);
-        let kvm = BenchTable::new(header("kvm"), seeds()).unwrap().markdown();
+        let kvm = BenchTable::new(header("kvm"), published()).unwrap().markdown();
         assert!(!kvm.contains("TCG"));
     }
 
     #[test]
     fn missing_cells_show_as_not_available() {
-        let mut cells = seeds();
+        let mut cells = published();
         cells.retain(|c| !(c.path == Path::TapVhost && c.variant == Variant::Backpressure));
         cells.retain(|c| c.sender_threads == 1);
         let table = BenchTable::new(header("kvm"), cells).unwrap();
@@ -603,7 +603,7 @@ Measured under TCG (emulation): the ratios carry, the absolute rates do not.
 
     #[test]
     fn json_has_every_cell_and_the_header() {
-        let table = BenchTable::new(header("tcg"), seeds()).unwrap();
+        let table = BenchTable::new(header("tcg"), published()).unwrap();
         let json: serde_json::Value = serde_json::from_str(&table.to_json()).unwrap();
         assert_eq!(json["format"], "tap-probe-bench");
         assert_eq!(json["version"], 1);
@@ -711,7 +711,7 @@ Measured under TCG (emulation): the ratios carry, the absolute rates do not.
     }
 
     #[test]
-    fn numbers_read_like_the_seeds() {
+    fn numbers_read_like_the_published() {
         let one = |v: f64| Spread {
             median: v,
             min: v,
