@@ -105,8 +105,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         header: "STOPPED",
         short: "STOP",
         what: What::Stopped,
-        help: "share of the time the queue was stopped (backpressure); `now` while it is, \
-               `STUCK` when stopped with no reader take for too long",
+        help: "share of the time the queue was stopped (backpressure); \"now\" while it is",
         keep: 7,
         default: true,
     },
@@ -184,6 +183,18 @@ impl Column {
             What::Rate(name) | What::State(name) => metric(name).is_some(),
             What::Stopped => metric("stopped").is_some() && metric("stopped_ns").is_some(),
             What::Device | What::Netns | What::Kind | What::Queue | What::Owner => true,
+        }
+    }
+
+    /// Its line in the legend: what it means, with what the counter table adds.
+    #[must_use]
+    pub(crate) fn help(&self) -> String {
+        match self.what {
+            What::Stopped if metric("stuck").is_some() => format!(
+                "{}; \"STUCK\" when stopped with no reader take for too long",
+                self.help
+            ),
+            _ => self.help.to_owned(),
         }
     }
 

@@ -314,7 +314,8 @@ impl Ctx<'_, '_> {
     fn rate(&self, metric: &Metric) -> (String, Key) {
         let now = self.line.value(metric);
         match (self.mode, now) {
-            (Mode::Totals, Value::Count(n)) => (count(n), Key::Number(n as f64)),
+            // Totals are exact: the summary is what people compare with other counters.
+            (Mode::Totals, Value::Count(n)) => (n.to_string(), Key::Number(n as f64)),
             (Mode::Rates, Value::Count(n)) => {
                 match self.before.map(|(l, dt)| (l.value(metric), dt)) {
                     Some((Value::Count(then), dt)) => {
@@ -415,7 +416,11 @@ pub(crate) fn frame(
 ) -> Vec<String> {
     let grid = Grid::new(report, previous, columns, Mode::Rates);
     let fit = grid.fit(width);
-    let mut lines = grid.render(&fit, &grid.lines);
+    let mut lines = if report.rows.is_empty() {
+        Vec::new()
+    } else {
+        grid.render(&fit, &grid.lines)
+    };
     if let Some(height) = height.filter(|h| *h >= 4 && lines.len() + 1 > *h) {
         let keep = height - 2;
         let more = lines.len() - keep;
@@ -458,7 +463,7 @@ pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
     if report.rows.is_empty() {
         return clip_to(
             &format!(
-                "{:.1} s since attach; no matching device yet",
+                "{:.1} s since attach; no matching device now",
                 report.elapsed_s
             ),
             width,

@@ -20,7 +20,13 @@ pub(crate) fn legend(columns: &[&Column], sources: &Sources, width: Option<usize
     let pad = headers.iter().map(String::len).max().unwrap_or(0) + 2;
     for (column, header) in columns.iter().zip(&headers) {
         let first = format!("  {header:<pad$}");
-        out.extend(wrap(&first, column.help, width, &" ".repeat(pad + 2)));
+        let short = column.header(true, true);
+        let help = if short == *header {
+            column.help()
+        } else {
+            format!("{} ({short} when narrow)", column.help())
+        };
+        out.extend(wrap(&first, &help, width, &" ".repeat(pad + 2)));
     }
     out.extend(sources_lines(sources, width));
     out

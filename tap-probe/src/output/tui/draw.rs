@@ -19,7 +19,20 @@ use crate::output::table::count;
 use crate::output::tui::state::State;
 
 /// The keys, as the footer shows them.
-pub(crate) const KEYS: &str = "↑↓ select  s/S sort  r reverse  enter detail  ? legend  q quit";
+pub(crate) const FOOTER: &str = "↑↓ select  s/S sort  r reverse  enter detail  ? legend  q quit";
+
+/// The keys, as the legend explains them.
+pub(crate) const KEYS: &[(&str, &str)] = &[
+    ("↑ ↓ j k", "select a device (PgUp PgDn Home End: further)"),
+    ("s S", "sort by the next or the previous column"),
+    ("r", "reverse the order"),
+    (
+        "enter d",
+        "show or hide the selected device's detail (esc hides it)",
+    ),
+    ("?", "this legend; any key closes it"),
+    ("q Ctrl-C", "quit, with the final totals"),
+];
 
 /// Draws the whole screen.
 pub(crate) fn draw(frame: &mut Frame<'_>, state: &State) {
@@ -44,7 +57,7 @@ pub(crate) fn draw(frame: &mut Frame<'_>, state: &State) {
         draw_detail(frame, state, id, detail);
     }
     frame.render_widget(
-        Paragraph::new(format!(" {KEYS}")).style(Style::new().add_modifier(Modifier::DIM)),
+        Paragraph::new(format!(" {FOOTER}")).style(Style::new().add_modifier(Modifier::DIM)),
         footer,
     );
     if state.legend {
@@ -121,7 +134,8 @@ fn draw_detail(frame: &mut Frame<'_>, state: &State, id: &DeviceId, area: Rect) 
         .map_or_else(String::new, |o| format!(", {}/{}", o.comm, o.pid));
     let title = format!(" {} (netns {}{owner}) ", id.ifname, id.netns);
     frame.render_widget(
-        Paragraph::new(counters(line, then, dt)).block(Block::bordered().title(title)),
+        Paragraph::new(counters(line, then, dt, left.width >= 44))
+            .block(Block::bordered().title(title)),
         left,
     );
 
@@ -175,13 +189,22 @@ fn draw_detail(frame: &mut Frame<'_>, state: &State, id: &DeviceId, area: Rect) 
     );
 }
 
-/// One line per counter of the table: its total and, for counts, its rate.
-fn counters<'a>(line: &Line<'_>, then: Option<&Line<'_>>, dt: Option<f64>) -> Vec<TextLine<'a>> {
+/// One line per counter of the table: its total (exact when there is room) and, for
+/// counts, its rate.
+fn counters<'a>(
+    line: &Line<'_>,
+    then: Option<&Line<'_>>,
+    dt: Option<f64>,
+    exact: bool,
+) -> Vec<TextLine<'a>> {
     METRICS
         .iter()
         .map(|m| {
             let now = line.value(m);
-            let total = plain(m, now).0;
+            let total = match (now, m.unit) {
+                (Value::Count(n), Unit::Packets | Unit::Events) if exact => n.to_string(),
+                _ => plain(m, now).0,
+            };
             let rate = match (now, then.map(|t| t.value(m)), dt, m.unit) {
                 (
                     Value::Count(now),
@@ -191,7 +214,8 @@ fn counters<'a>(line: &Line<'_>, then: Option<&Line<'_>>, dt: Option<f64>) -> Ve
                 ) if dt > 0.0 => format!("{}/s", rate(now.saturating_sub(before), dt)),
                 _ => String::new(),
             };
-            TextLine::raw(format!("{:<19}{total:>9}{rate:>10}", m.name))
+            let total_width = if exact { 12 } else { 9 };
+            TextLine::raw(format!("{:<19}{total:>total_width$}{rate:>10}", m.name))
         })
         .collect()
 }
@@ -265,15 +289,21 @@ fn draw_legend(frame: &mut Frame<'_>, state: &State, area: Rect) {
     let width = area.width.saturating_sub(4).max(10).min(area.width);
     let inner = usize::from(width.saturating_sub(2));
     let mut text = legend::legend(&state.columns, &state.report.sources, Some(inner));
-    text.push(String::new());
-    text.extend(legend::wrap("keys: ", KEYS, Some(inner), "      "));
     text.extend(legend::wrap(
-        "      ",
-        "STOPPED lines are yellow, STUCK ones red; d or enter shows or hides the detail, \
-         esc hides it.",
+        "",
+        "Yellow: a queue is stopped now; red: stuck; dim: the device went away.",
         Some(inner),
-        "      ",
+        "",
     ));
+    text.push("keys:".to_owned());
+    for (keys, what) in KEYS {
+        text.extend(legend::wrap(
+            &format!("  {keys:<10}"),
+            what,
+            Some(inner),
+            &" ".repeat(12),
+        ));
+    }
     let height = u16::try_from(text.len() + 2)
         .unwrap_or(u16::MAX)
         .min(area.height);
