@@ -112,13 +112,13 @@ impl Pty {
         let deadline = Instant::now() + within;
         while !until(&String::from_utf8_lossy(text)) {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.output.recv_timeout(left) {
-                Ok(chunk) => text.extend(chunk),
-                Err(_) => panic!(
-                    "not seen within {within:?}:\n{}",
+            let chunk = self.output.recv_timeout(left).unwrap_or_else(|err| {
+                panic!(
+                    "not seen within {within:?} ({err}):\n{}",
                     String::from_utf8_lossy(text)
-                ),
-            }
+                )
+            });
+            text.extend(chunk);
         }
     }
 
@@ -186,7 +186,7 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     });
     let mut report = load.0.as_mut().unwrap().stdout.take().unwrap();
     assert_eq!(
-        load.wait(Duration::from_secs(60)).code(),
+        load.wait(Duration::from_mins(1)).code(),
         Some(0),
         "the load ran"
     );

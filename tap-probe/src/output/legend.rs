@@ -4,10 +4,18 @@
 use crate::bpf::backend::Sources;
 use crate::output::columns::Column;
 
-/// The legend of the compact table and the full-screen view: a line on what the numbers
-/// are, a line per column, and where the counters come from.
+/// The legend of the compact table: what the numbers are, a line per column, and where
+/// the counters come from.
 #[must_use]
 pub(crate) fn legend(columns: &[&Column], sources: &Sources, width: Option<usize>) -> Vec<String> {
+    let mut out = columns_lines(columns, width);
+    out.extend(sources_lines(sources, width));
+    out
+}
+
+/// What the numbers are, and a line per column.
+#[must_use]
+pub(crate) fn columns_lines(columns: &[&Column], width: Option<usize>) -> Vec<String> {
     let mut out = wrap(
         "",
         "Rates are per second over the last refresh; a device with several queues has a line \
@@ -28,7 +36,6 @@ pub(crate) fn legend(columns: &[&Column], sources: &Sources, width: Option<usize
         };
         out.extend(wrap(&first, &help, width, &" ".repeat(pad + 2)));
     }
-    out.extend(sources_lines(sources, width));
     out
 }
 
@@ -47,6 +54,7 @@ pub(crate) fn wide(sources: &Sources, width: Option<usize>) -> Vec<String> {
     out
 }
 
+/// Where the counters come from, and why a backend was not used.
 fn sources_lines(sources: &Sources, width: Option<usize>) -> Vec<String> {
     let mut out = wrap("sources: ", &sources.to_string(), width, "  ");
     for note in &sources.notes {

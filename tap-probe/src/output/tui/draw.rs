@@ -123,7 +123,7 @@ fn draw_detail(frame: &mut Frame<'_>, state: &State, id: &DeviceId, area: Rect) 
     let then = before_lines.iter().find(|l| !l.under && l.id.device == *id);
     let dt = before.map(|(_, t)| state.report.elapsed_s - t);
     let [left, right] = Layout::horizontal([
-        Constraint::Length(42.min(area.width / 2)),
+        Constraint::Length(44.min(area.width / 2)),
         Constraint::Min(0),
     ])
     .areas(area);
@@ -288,14 +288,8 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
 fn draw_legend(frame: &mut Frame<'_>, state: &State, area: Rect) {
     let width = area.width.saturating_sub(4).max(10).min(area.width);
     let inner = usize::from(width.saturating_sub(2));
-    let mut text = legend::legend(&state.columns, &state.report.sources, Some(inner));
-    text.extend(legend::wrap(
-        "",
-        "Yellow: a queue is stopped now; red: stuck; dim: the device went away.",
-        Some(inner),
-        "",
-    ));
-    text.push("keys:".to_owned());
+    // The keys first: on a small screen the end of the legend is cut.
+    let mut text = vec!["keys:".to_owned()];
     for (keys, what) in KEYS {
         text.extend(legend::wrap(
             &format!("  {keys:<10}"),
@@ -304,6 +298,14 @@ fn draw_legend(frame: &mut Frame<'_>, state: &State, area: Rect) {
             &" ".repeat(12),
         ));
     }
+    text.extend(legend::wrap(
+        "",
+        "Yellow: a queue is stopped now; red: stuck; dim: the device went away. The \
+         detail's sources say why a backend was not used.",
+        Some(inner),
+        "",
+    ));
+    text.extend(legend::columns_lines(&state.columns, Some(inner)));
     let height = u16::try_from(text.len() + 2)
         .unwrap_or(u16::MAX)
         .min(area.height);
