@@ -241,6 +241,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_long_line_takes_several_terminal_lines() {
+        let lines = ["a".repeat(80), "b".repeat(81), String::new()];
+        assert_eq!(terminal_lines(&lines, Some(80)), 1 + 2 + 1);
+        assert_eq!(terminal_lines(&lines, None), 3);
+    }
+
+    #[test]
     fn closed_stdout_is_found_under_context() {
         let err = anyhow::Error::new(StdoutClosed).context("showing a refresh");
         assert!(is_closed_stdout(&err));
