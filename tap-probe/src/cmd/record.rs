@@ -19,6 +19,7 @@ use crate::host::recorder::{REORDER_WINDOW_NS, Recorder};
 use crate::kernel::KernelInfo;
 use crate::os::clock::monotonic_ns;
 use crate::os::signals::Stop;
+use crate::output::progress::{Progress, Status, bytes};
 use tap_probe_trace::{DeviceInfo, Header, Trailer};
 
 /// How long the loop sleeps when the ring buffer is empty.
@@ -68,8 +69,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // later is tracked within one poll, before its first packet in the usual case.
     let kernel = KernelInfo::load()?;
     let mut probe = Probe::attach_recording(&kernel)?;
+    let mut progress = Progress::stderr();
     if devices.is_empty() {
-        eprintln!("attached; waiting for a device that matches the filter");
+        progress.note("attached; waiting for a device that matches the filter");
         while devices.is_empty() {
             if stop.sleep(WAIT_POLL) {
                 bail!("stopped before any device matched the filter; nothing was recorded");
@@ -105,17 +107,18 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let mut ring = probe.take_events()?;
     for d in &devices {
-        eprintln!(
+        progress.note(&format!(
             "recording {} (netns {}, ring {} entries) to {}",
             d.name,
             d.netns,
             d.tx_queue_len,
             args.output.display()
-        );
+        ));
     }
     let deadline = args.duration.map(|d| Instant::now() + d);
     let mut lost_seen = 0u64;
     let mut lost_checked = Instant::now();
+    let mut taken = 0u64;
     loop {
         let mut n = 0usize;
         while let Some(item) = ring.next() {
@@ -125,6 +128,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 recorder.flush_settled()?;
             }
         }
+        taken += n as u64;
         recorder.flush_settled()?;
         probe.flush_log();
         if lost_checked.elapsed() >= LOST_EVERY {
@@ -132,6 +136,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             let lost = probe.events_lost()?;
             recorder.lost(monotonic_ns(), lost.saturating_sub(lost_seen))?;
             lost_seen = lost_seen.max(lost);
+            // What reached the file so far (the writer's buffer not yet flushed aside).
+            let written = std::fs::metadata(&args.output).map_or(0, |m| m.len());
+            progress.update(&Status {
+                what: "recording",
+                left: deadline.map(|d| d.saturating_duration_since(Instant::now())),
+                detail: &format!(
+                    "{taken} events taken, {} written, {lost_seen} lost; Ctrl-C stops",
+                    bytes(written)
+                ),
+                ..Status::default()
+            });
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
@@ -154,6 +169,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .sync_all()
         .context("syncing the trace file")?;
     drop(probe);
+    progress.finish();
 
     let after = discovery.scan().unwrap_or_default();
     eprint!("{}", summary(&header, &trailer, &baseline, &after));

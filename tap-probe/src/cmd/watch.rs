@@ -9,7 +9,8 @@ use crate::cli::Format;
 use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
-use crate::output;
+use crate::output::columns::Chosen;
+use crate::output::{self, View, tui};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -23,6 +24,8 @@ pub(crate) struct Args {
     pub(crate) duration: Option<Duration>,
     #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
     /// Start even if no device matches yet, and pick devices up as they appear.
     #[arg(long)]
     pub(crate) wait: bool,
@@ -41,6 +44,24 @@ pub(crate) struct Args {
     pub(crate) prometheus: Option<std::net::SocketAddr>,
 }
 
+/// How the counters are shown to people.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ViewArgs {
+    /// The table's columns, in this order (comma-separated; default: device, netns, queue,
+    /// delivered, ring-drops, busy, stopped, the ring's state where counted, owner). Columns
+    /// that do not fit the window are left out, the least needed first.
+    #[arg(long, value_name = "LIST", value_parser = crate::output::columns::parse,
+          conflicts_with = "wide")]
+    pub(crate) columns: Option<Chosen>,
+    /// Every counter in a column, however wide the table gets.
+    #[arg(long)]
+    pub(crate) wide: bool,
+    /// A full-screen view: sortable devices, the selected one's counters, drop reasons and
+    /// sparklines (`?` shows the keys). Needs a terminal.
+    #[arg(long, conflicts_with_all = ["wide", "format"])]
+    pub(crate) tui: bool,
+}
+
 /// Runs `tap-probe watch`.
 ///
 /// # Errors
@@ -48,6 +69,9 @@ pub(crate) struct Args {
 /// attach; the probes are detached in every case.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::kernel::privileges::check()?;
+    if args.view.tui {
+        tui::check()?;
+    }
     let filter = args.devices.filter();
     // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
     // held until the loop below and still ends in a clean detach.
@@ -74,20 +98,44 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             exporter.addr()
         );
     }
-    let out = output::Output::new(args.format);
-    out.show(&first, None)?;
+    let view = match (&args.view.columns, args.view.wide) {
+        (_, true) => View::Wide,
+        (Some(columns), false) => View::Compact(columns.0.clone()),
+        (None, false) => View::Compact(output::columns::defaults()),
+    };
+    let out = output::Output::with_view(args.format, view);
     let deadline = args.duration.map(|d| Instant::now() + d);
-    let mut previous = first;
-    while let Some(wait) = next_wait(args.interval, deadline) {
-        if stop.sleep(wait) {
-            break;
-        }
+    let mut refresh = || -> anyhow::Result<_> {
         let report = watcher.refresh()?;
         if let Some(exporter) = &exporter {
             exporter.publish(&report);
         }
-        out.show(&report, Some(&previous))?;
-        previous = report;
+        Ok(report)
+    };
+    if args.view.tui {
+        let columns = args
+            .view
+            .columns
+            .as_ref()
+            .map_or_else(output::columns::defaults, |c| c.0.clone());
+        out.remember(&first);
+        let mut state = tui::State::new(first, columns);
+        tui::run(&mut state, args.interval, deadline, &stop, || {
+            let report = refresh()?;
+            out.remember(&report);
+            Ok(report)
+        })?;
+    } else {
+        out.show(&first, None)?;
+        let mut previous = first;
+        while let Some(wait) = next_wait(args.interval, deadline) {
+            if stop.sleep(wait) {
+                break;
+            }
+            let report = refresh()?;
+            out.show(&report, Some(&previous))?;
+            previous = report;
+        }
     }
     let mut last = watcher.refresh()?;
     if args.program_stats {

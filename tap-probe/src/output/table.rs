@@ -1,5 +1,6 @@
 //! Aligned text columns, for every table tap-probe prints: each column as wide as its
-//! widest cell, two spaces between columns, no trailing blanks. Also the watch's table.
+//! widest cell, two spaces between columns, no trailing blanks. Also `watch --wide`, every
+//! counter in a column.
 
 use std::fmt::Write as _;
 
@@ -177,7 +178,8 @@ fn note(metric: &Metric, value: Value) -> String {
     }
 }
 
-/// Below the table: what it cannot show in columns, and where the counters come from.
+/// Below the table: what it cannot show in columns. What the columns mean and where the
+/// counters come from is said once, in the legend.
 fn footer(report: &Report, out: &mut String) {
     if report.rows.is_empty() {
         out.push_str("(no matching device yet)\n");
@@ -194,17 +196,12 @@ fn footer(report: &Report, out: &mut String) {
     if !reasons.is_empty() {
         let _ = writeln!(out, "other drops by reason: {}", reasons.join(", "));
     }
-    let _ = writeln!(
-        out,
-        "{:.1} s since attach; STOPPED * = stopped now; SLEEPS = times the reader slept \
-         between two packets (each ended by a wake-up)\nsources: {}",
-        report.elapsed_s, report.sources
-    );
+    let _ = writeln!(out, "{:.1} s since attach", report.elapsed_s);
 }
 
 /// A count in at most 6 characters: 999, 12.3k, 4.56M.
 #[expect(clippy::cast_precision_loss, reason = "a display rounded to 3 digits")]
-fn count(n: u64) -> String {
+pub(crate) fn count(n: u64) -> String {
     match n {
         0..=99_999 => n.to_string(),
         100_000..=99_999_999 => format!("{:.1}k", n as f64 / 1e3),

@@ -1,0 +1,312 @@
+//! The lines of the views for people: a device's queues folded under it (one line for a
+//! device with one queue, a sum and a line per queue otherwise), each line's values read
+//! through [`METRICS`] by name, and the devices that went away during a run, kept for the
+//! final summary.
+
+use std::collections::BTreeMap;
+
+use tap_probe_common::{METRICS, Metric, QueueCounters, Source};
+
+use crate::host::report::{Report, Row, Value};
+
+/// The metric named `name` in the counter table, if it has one. The views ask by name, so a
+/// column appears when its metric exists and is not offered while it does not.
+#[must_use]
+pub(crate) fn metric(name: &str) -> Option<&'static Metric> {
+    METRICS.iter().find(|m| m.name == name)
+}
+
+/// One device, the same in every refresh: a name can come back with another ifindex, and
+/// two namespaces can hold the same name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct DeviceId {
+    pub(crate) netns: String,
+    pub(crate) ifname: String,
+    pub(crate) ifindex: u32,
+}
+
+impl DeviceId {
+    fn of(row: &Row) -> Self {
+        Self {
+            netns: row.netns.clone(),
+            ifname: row.ifname.clone(),
+            ifindex: row.ifindex,
+        }
+    }
+}
+
+/// A line: a device (all its queues) or one queue of a device with several.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LineId {
+    pub(crate) device: DeviceId,
+    /// `None` for the device's own line.
+    pub(crate) queue: Option<u32>,
+}
+
+/// A line of a report, with the rows it sums.
+#[derive(Clone, Debug)]
+pub(crate) struct Line<'a> {
+    pub(crate) id: LineId,
+    pub(crate) rows: Vec<&'a Row>,
+    /// The device's line of a device with several queues, whose queue lines follow it.
+    pub(crate) folds: bool,
+    /// A queue line under its device's line.
+    pub(crate) under: bool,
+}
+
+impl Line<'_> {
+    /// The first row: the device's labels (name, kind, owner) are the same on every row.
+    #[must_use]
+    pub(crate) fn first(&self) -> &Row {
+        self.rows[0]
+    }
+
+    /// The device disappeared; these are its last counters.
+    #[must_use]
+    pub(crate) fn retired(&self) -> bool {
+        self.first().retired
+    }
+
+    /// The value of `metric` over the line's rows: counts add up, a state is set when it is
+    /// set on any queue, a ratio is computed on the summed counters, and the kernel's
+    /// per-device statistics, the same on every row, are taken once.
+    #[must_use]
+    pub(crate) fn value(&self, metric: &Metric) -> Value {
+        if let [row] = self.rows.as_slice() {
+            return row.value(metric);
+        }
+        match metric.source {
+            Source::Kernel(_) => self.first().value(metric),
+            Source::Counters(compute) => Value::Ratio(compute(&self.counters())),
+            _ => self
+                .rows
+                .iter()
+                .map(|r| r.value(metric))
+                .reduce(combine)
+                .unwrap_or(Value::Count(0)),
+        }
+    }
+
+    /// The queues' counters, summed.
+    #[must_use]
+    pub(crate) fn counters(&self) -> QueueCounters {
+        let mut sum = QueueCounters::default();
+        for row in &self.rows {
+            sum += row.counters;
+        }
+        sum
+    }
+
+    /// `dropped_other` by reason, summed over the queues.
+    #[must_use]
+    pub(crate) fn drop_reasons(&self) -> BTreeMap<&str, u64> {
+        let mut reasons = BTreeMap::new();
+        for row in &self.rows {
+            for (reason, n) in &row.drop_reasons {
+                *reasons.entry(reason.as_str()).or_default() += n;
+            }
+        }
+        reasons
+    }
+}
+
+/// Two queues' values of one metric as one device's.
+fn combine(a: Value, b: Value) -> Value {
+    match (a, b) {
+        (Value::Count(a), Value::Count(b)) => Value::Count(a.saturating_add(b)),
+        (Value::Flag(a), Value::Flag(b)) => Value::Flag(a || b),
+        // A ratio per queue does not add up; its device value is computed above.
+        (other, _) => other,
+    }
+}
+
+/// The lines of `report`, devices in the report's order (namespace, name), each device
+/// followed by its queues when it has several.
+#[must_use]
+pub(crate) fn lines(report: &Report) -> Vec<Line<'_>> {
+    let mut devices: Vec<(DeviceId, Vec<&Row>)> = Vec::new();
+    for row in &report.rows {
+        let id = DeviceId::of(row);
+        match devices
+            .iter_mut()
+            .find(|(d, rows)| *d == id && rows[0].retired == row.retired)
+        {
+            Some((_, rows)) => rows.push(row),
+            None => devices.push((id, vec![row])),
+        }
+    }
+    let mut lines = Vec::new();
+    for (id, rows) in devices {
+        let folds = rows.len() > 1;
+        lines.push(Line {
+            id: LineId {
+                device: id.clone(),
+                queue: (!folds).then(|| rows[0].queue),
+            },
+            rows: rows.clone(),
+            folds,
+            under: false,
+        });
+        if folds {
+            lines.extend(rows.into_iter().map(|row| Line {
+                id: LineId {
+                    device: id.clone(),
+                    queue: Some(row.queue),
+                },
+                rows: vec![row],
+                folds: false,
+                under: true,
+            }));
+        }
+    }
+    lines
+}
+
+/// Devices that disappeared during a run, with their last counters: the watcher reports a
+/// device once more, marked retired, in the refresh after it went away, and not again; the
+/// final summary still lists it.
+#[derive(Debug, Default)]
+pub(crate) struct Gone {
+    rows: BTreeMap<(DeviceId, u32), Row>,
+}
+
+impl Gone {
+    /// Keeps the retired rows of `report`.
+    pub(crate) fn keep(&mut self, report: &Report) {
+        for row in report.rows.iter().filter(|r| r.retired) {
+            self.rows
+                .insert((DeviceId::of(row), row.queue), row.clone());
+        }
+    }
+
+    /// How many devices went away.
+    #[must_use]
+    pub(crate) fn devices(&self) -> usize {
+        let mut ids: Vec<&DeviceId> = self.rows.keys().map(|(id, _)| id).collect();
+        ids.dedup();
+        ids.len()
+    }
+
+    /// `report` with every device kept here that it does not show, sorted as the watcher
+    /// sorts (namespace, device, queue).
+    #[must_use]
+    pub(crate) fn added_to(&self, report: &Report) -> Report {
+        let mut all = report.clone();
+        for ((id, queue), row) in &self.rows {
+            let shown = report
+                .rows
+                .iter()
+                .any(|r| r.retired && r.queue == *queue && DeviceId::of(r) == *id);
+            if !shown {
+                all.rows.push(row.clone());
+            }
+        }
+        all.rows.sort_by(|a, b| {
+            (&a.netns, &a.ifname, a.retired, a.ifindex, a.queue)
+                .cmp(&(&b.netns, &b.ifname, b.retired, b.ifindex, b.queue))
+        });
+        all
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use tap_probe_common::QueueCounters;
+
+    use super::*;
+    use crate::bpf::backend::{Consume, Sources, Xmit};
+    use crate::host::discovery::{DeviceKind, Owner};
+    use crate::host::report::KernelDeltas;
+
+    /// A row of device `name`, queue `queue`, with `consumed` and `full` counted.
+    pub(crate) fn row(name: &str, queue: u32, consumed: u64, full: u64) -> Row {
+        Row {
+            ifname: name.to_owned(),
+            ifindex: 7,
+            netns: "tap-probe-load-4242".to_owned(),
+            kind: DeviceKind::Tap,
+            queue,
+            owner: Some(Owner {
+                pid: 4242,
+                comm: "qemu-system-x86".to_owned(),
+            }),
+            counters: QueueCounters {
+                xmit_calls: consumed + full,
+                enqueued: consumed,
+                dropped_full_ring: full,
+                consumed,
+                ..QueueCounters::default()
+            },
+            stopped: false,
+            drop_reasons: BTreeMap::new(),
+            kernel: KernelDeltas {
+                tx_packets: consumed,
+                tx_dropped: full,
+            },
+            retired: false,
+        }
+    }
+
+    pub(crate) fn report(elapsed_s: f64, rows: Vec<Row>) -> Report {
+        Report {
+            elapsed_s,
+            sources: Sources {
+                xmit: Xmit::Tracepoints,
+                consumed: Consume::Tracepoint,
+                notes: Vec::new(),
+            },
+            programs: None,
+            rows,
+        }
+    }
+
+    #[test]
+    fn one_queue_is_one_line_and_several_fold_under_their_device() {
+        let r = report(
+            1.0,
+            vec![row("a", 0, 1, 0), row("mq", 0, 10, 1), row("mq", 1, 20, 2)],
+        );
+        let lines = lines(&r);
+        let ids: Vec<(&str, Option<u32>, bool, bool)> = lines
+            .iter()
+            .map(|l| (l.id.device.ifname.as_str(), l.id.queue, l.folds, l.under))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("a", Some(0), false, false),
+                ("mq", None, true, false),
+                ("mq", Some(0), false, true),
+                ("mq", Some(1), false, true)
+            ]
+        );
+        let consumed = metric("consumed").unwrap();
+        assert_eq!(lines[1].value(consumed), Value::Count(30));
+        // The kernel's statistics are per device, the same on each row: taken once.
+        let tx = metric("kernel.tx_packets").unwrap();
+        assert_eq!(lines[1].value(tx), Value::Count(10));
+        let stopped = metric("stopped").unwrap();
+        assert_eq!(lines[1].value(stopped), Value::Flag(false));
+    }
+
+    #[test]
+    fn a_gone_device_is_kept_once_with_its_last_counters() {
+        let mut gone = Gone::default();
+        let mut last = row("tp-load0", 0, 500, 70);
+        last.retired = true;
+        gone.keep(&report(2.0, vec![last.clone(), row("b", 0, 1, 0)]));
+        assert_eq!(gone.devices(), 1);
+        // Shown by the report itself: not twice.
+        let same = gone.added_to(&report(2.0, vec![last, row("b", 0, 1, 0)]));
+        assert_eq!(same.rows.len(), 2);
+        // Later reports no longer carry it: it is added back.
+        let later = gone.added_to(&report(3.0, vec![row("b", 0, 2, 0)]));
+        let names: Vec<(&str, bool)> = later
+            .rows
+            .iter()
+            .map(|r| (r.ifname.as_str(), r.retired))
+            .collect();
+        assert_eq!(names, [("b", false), ("tp-load0", true)]);
+        assert_eq!(later.rows[1].counters.consumed, 500);
+    }
+}

@@ -1,0 +1,303 @@
+//! `tap-probe watch` on a terminal: under a pseudo-terminal of 100 columns, with a load
+//! whose tap goes away before the end, every line fits, and the final summary lists the
+//! device that went away with its exact totals; the full-screen view quits on q and leaves
+//! the terminal as it found it.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
+
+use std::io::Read as _;
+use std::os::fd::OwnedFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::pty::{Winsize, openpty};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::termios::{LocalFlags, tcgetattr};
+use nix::unistd::Pid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+const COLUMNS: u16 = 100;
+
+/// Kills a child that the test did not reap (a failed assertion), so nothing outlives it.
+struct ChildGuard(Option<Child>);
+
+impl ChildGuard {
+    fn spawn(command: &mut Command) -> Self {
+        Self(Some(command.spawn().expect("tap-probe starts")))
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.0.as_ref().unwrap().id()).unwrap())
+    }
+
+    /// Waits (bounded) for the child to exit; its status.
+    fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        let child = self.0.as_mut().unwrap();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.0 = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tap-probe did not exit in {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A pseudo-terminal of [`COLUMNS`] x 40 whose slave is a command's stdin, stdout and
+/// stderr; what the command writes arrives on the returned channel.
+struct Pty {
+    master: std::fs::File,
+    slave: Option<OwnedFd>,
+    output: mpsc::Receiver<Vec<u8>>,
+}
+
+impl Pty {
+    fn open() -> Self {
+        let size = Winsize {
+            ws_row: 40,
+            ws_col: COLUMNS,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = openpty(&size, None).expect("a pseudo-terminal");
+        let master = std::fs::File::from(pty.master);
+        let mut reader = master.try_clone().unwrap();
+        let (tx, output) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // Ends with EIO once the last slave descriptor is closed.
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                if tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            master,
+            slave: Some(pty.slave),
+            output,
+        }
+    }
+
+    /// Starts `command` on the terminal; this side's copy of the slave is closed, so the
+    /// output ends when the command does.
+    fn spawn(&mut self, command: &mut Command) -> ChildGuard {
+        let slave = self.slave.take().unwrap();
+        command
+            .stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
+        ChildGuard::spawn(command)
+    }
+
+    /// Everything written so far, waiting (bounded) until `until` holds of it.
+    fn read_until(&self, text: &mut Vec<u8>, within: Duration, until: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + within;
+        while !until(&String::from_utf8_lossy(text)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = self.output.recv_timeout(left).unwrap_or_else(|err| {
+                panic!(
+                    "not seen within {within:?} ({err}):\n{}",
+                    String::from_utf8_lossy(text)
+                )
+            });
+            text.extend(chunk);
+        }
+    }
+
+    /// The rest of the output, until the command closed the terminal.
+    fn read_to_end(&self, text: &mut Vec<u8>) {
+        while let Ok(chunk) = self.output.recv_timeout(Duration::from_secs(10)) {
+            text.extend(chunk);
+        }
+    }
+}
+
+/// The lines a terminal would show, without the control sequences (CSI `ESC [ ... final`)
+/// and carriage returns.
+fn screen_lines(raw: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(raw);
+    let mut plain = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+        } else if c != '\r' {
+            plain.push(c);
+        }
+    }
+    plain.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    // The load's tap appears at once and sends after 4 s, time for watch to attach and
+    // track it; the tap is deleted when the load ends, while watch still runs.
+    let mut load = ChildGuard::spawn(
+        Command::new(BIN)
+            .args(["load", "--duration", "2", "--start-delay", "4"])
+            .args([
+                "--pps",
+                "50000",
+                "--reader-pps",
+                "10000",
+                "--format",
+                "json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let netns = format!("tap-probe-load-{}", load.pid());
+    let mut pty = Pty::open();
+    let mut watch = pty.spawn(
+        Command::new(BIN)
+            .args(["watch", "--dev", "tp-load0", "--netns", &netns, "--wait"])
+            .args(["--interval", "0.2", "--duration", "40"]),
+    );
+    let mut raw = Vec::new();
+    pty.read_until(&mut raw, Duration::from_secs(30), |t| {
+        t.contains("tp-load0  ")
+    });
+    let mut report = load.0.as_mut().unwrap().stdout.take().unwrap();
+    assert_eq!(
+        load.wait(Duration::from_mins(1)).code(),
+        Some(0),
+        "the load ran"
+    );
+    let mut json = String::new();
+    report.read_to_string(&mut json).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    // Watch sees the tap go away within a refresh or two; then it is stopped.
+    pty.read_until(&mut raw, Duration::from_secs(10), |t| t.contains("(gone)"));
+    std::thread::sleep(Duration::from_millis(600));
+    kill(watch.pid(), Signal::SIGTERM).unwrap();
+    let status = watch.wait(Duration::from_secs(20));
+    pty.read_to_end(&mut raw);
+    let lines = screen_lines(&raw);
+    let text = lines.join("\n");
+    assert!(status.success(), "{text}");
+    for line in &lines {
+        assert!(
+            line.chars().count() <= usize::from(COLUMNS),
+            "{} columns: {line:?}\n{text}",
+            line.chars().count()
+        );
+    }
+    assert!(!text.contains("panicked"), "{text}");
+    // The legend once, not on every refresh.
+    assert_eq!(text.matches("Rates are per second").count(), 1, "{text}");
+    let frame = lines
+        .iter()
+        .position(|l| l.starts_with("DEVICE") && l.contains("DELIVERED/s"))
+        .unwrap_or_else(|| panic!("a frame with full headers at 100 columns:\n{text}"));
+    assert!(lines[frame].contains("RING_DROPS/s"), "{text}");
+    let summary = lines
+        .iter()
+        .position(|l| l.starts_with("Final counters after"))
+        .unwrap_or_else(|| panic!("a final summary:\n{text}"));
+    assert!(
+        lines[summary].contains("1 device went away"),
+        "{}",
+        lines[summary]
+    );
+    let header: Vec<&str> = lines[summary + 1].split_whitespace().collect();
+    let gone = lines[summary + 2..]
+        .iter()
+        .find(|l| l.starts_with("tp-load0 (gone)"))
+        .unwrap_or_else(|| panic!("the tap that went away is in the summary:\n{text}"));
+    // "tp-load0 (gone)" is two words where the header has one.
+    let cells: Vec<&str> = gone.split_whitespace().skip(1).collect();
+    let total = |name: &str| -> u64 {
+        let at = header.iter().position(|h| *h == name).unwrap();
+        cells[at]
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}: {gone}"))
+    };
+    // The kernel's own counters of the tap, as the load read them before deleting it.
+    let kernel = |name: &str| report[name].as_u64().unwrap();
+    assert!(kernel("kernel_tx_dropped") > 0, "a slow reader: tail-drops");
+    assert_eq!(total("DELIVERED"), kernel("kernel_tx_packets"), "{gone}");
+    assert_eq!(total("RING_DROPS"), kernel("kernel_tx_dropped"), "{gone}");
+}
+
+#[test]
+fn the_full_screen_view_quits_on_q_and_restores_the_terminal() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let mut load = ChildGuard::spawn(
+        Command::new(BIN)
+            .args(["load", "--duration", "8", "--start-delay", "1"])
+            .args(["--pps", "20000", "--reader-pps", "5000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let netns = format!("tap-probe-load-{}", load.pid());
+    let mut pty = Pty::open();
+    let before = tcgetattr(&pty.master).unwrap();
+    assert!(before.local_flags.contains(LocalFlags::ICANON));
+    let mut watch = pty.spawn(
+        Command::new(BIN)
+            .args(["watch", "--dev", "tp-load0", "--netns", &netns, "--wait"])
+            .args(["--tui", "--interval", "0.2", "--duration", "60"]),
+    );
+    let mut raw = Vec::new();
+    pty.read_until(&mut raw, Duration::from_secs(30), |t| {
+        t.contains("tp-load0") && t.contains("delivered/s")
+    });
+    // Raw mode while the view runs: no line editing, no echo.
+    let during = tcgetattr(&pty.master).unwrap();
+    assert!(!during.local_flags.contains(LocalFlags::ICANON));
+    assert!(!during.local_flags.contains(LocalFlags::ECHO));
+    {
+        use std::io::Write as _;
+        (&pty.master).write_all(b"q").unwrap();
+    }
+    let status = watch.wait(Duration::from_secs(20));
+    pty.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    assert!(status.success(), "{text}");
+    assert!(text.contains("\x1b[?1049h"), "entered the alternate screen");
+    let left = text
+        .rfind("\x1b[?1049l")
+        .expect("left the alternate screen");
+    assert!(
+        text[left..].contains("Final counters after"),
+        "the summary is printed on the normal screen, after the view:\n{text}"
+    );
+    let after = tcgetattr(&pty.master).unwrap();
+    assert_eq!(
+        after.local_flags, before.local_flags,
+        "line mode and echo are back"
+    );
+    assert_eq!(after.input_flags, before.input_flags);
+    assert_eq!(after.output_flags, before.output_flags);
+    kill(load.pid(), Signal::SIGINT).unwrap();
+    load.wait(Duration::from_secs(30));
+}
