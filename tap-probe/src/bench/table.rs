@@ -543,7 +543,9 @@ mod tests {
 
     #[test]
     fn markdown_has_the_series_shape() {
-        let md = BenchTable::new(header("tcg"), published()).unwrap().markdown();
+        let md = BenchTable::new(header("tcg"), published())
+            .unwrap()
+            .markdown();
         let expected = "\
 Kernel 7.3.0-1-cloud-amd64, 2 CPUs, accelerator tcg; 1000000 packets per run, 3 runs per cell, median (min–max).  
 Stock: IFF_BACKPRESSURE off, pfifo_fast. Backpressure: IFF_BACKPRESSURE on, fq_codel.
@@ -570,7 +572,9 @@ Drops are per run (medians): ring drops are tail-drops at the tap's full ring, q
 Measured under TCG (emulation): the ratios carry, the absolute rates do not.
 ";
         assert_eq!(md, expected);
-        let kvm = BenchTable::new(header("kvm"), published()).unwrap().markdown();
+        let kvm = BenchTable::new(header("kvm"), published())
+            .unwrap()
+            .markdown();
         assert!(!kvm.contains("TCG"));
     }
 

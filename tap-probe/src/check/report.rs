@@ -146,7 +146,7 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Pass => "PASS",
             Self::Fail => "FAIL",

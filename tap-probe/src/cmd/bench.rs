@@ -12,6 +12,7 @@ use crate::bench::run::{self, Fix};
 use crate::bench::table::{BenchTable, Cell, Header, Path, Variant};
 use crate::cli::Format;
 use crate::os::signals::Stop;
+use crate::output::progress::{Progress, Status};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -61,20 +62,27 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         .collect();
     let stop = Stop::install()?;
     let started = Instant::now();
-    let total = cells.len() * args.runs as usize;
+    // At most 16 thread counts x 2 rows x 2 columns x 50 runs: far below u32::MAX.
+    let total = u32::try_from(cells.len())? * args.runs;
+    let mut progress = Progress::stderr();
     let mut done = 0;
     for round in 0..args.runs {
         for cell in &mut cells {
-            done += 1;
-            eprintln!(
-                "tap-probe bench: run {}/{} of {}, {} sender thread(s), {} ({done}/{total}, {:.0} s)",
-                round + 1,
-                args.runs,
+            let name = format!(
+                "{}, {} sender thread{}, {}",
                 cell.path.label(),
                 cell.sender_threads,
-                cell.variant.label(),
-                started.elapsed().as_secs_f64()
+                if cell.sender_threads == 1 { "" } else { "s" },
+                cell.variant.label()
             );
+            // The runs so far tell how long the rest will take.
+            let left = (done > 0).then(|| started.elapsed() / done * (total - done));
+            progress.update(&Status {
+                what: &name,
+                step: Some((u64::from(done), u64::from(total))),
+                left,
+                detail: &format!("run {} of {}", round + 1, args.runs),
+            });
             let run = run::measure(
                 fix,
                 cell.path,
@@ -83,17 +91,12 @@ pub(crate) fn run(args: &Args) -> Result<()> {
                 args.packets,
                 &stop.flag(),
             )
-            .with_context(|| {
-                format!(
-                    "{}, {} sender thread(s), {}",
-                    cell.path.label(),
-                    cell.sender_threads,
-                    cell.variant.label()
-                )
-            })?;
+            .with_context(|| name.clone())?;
             cell.runs.push(run);
+            done += 1;
         }
     }
+    progress.finish();
     let header = Header {
         kernel_release: crate::kernel::release(),
         cpus: u32::try_from(std::thread::available_parallelism().map_or(1, usize::from))

@@ -16,6 +16,7 @@ use crate::check::{junit, run};
 use crate::cli::Format;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
+use crate::output::progress::{Progress, Status};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -111,16 +112,18 @@ fn run_scenarios(spec: &Spec, baseline: Option<&Baseline>) -> Result<CheckReport
     let kernel = KernelInfo::load()?;
     let stop = Stop::install()?;
     let total = spec.scenarios.len();
+    let mut progress = Progress::stderr();
     let mut scenarios = Vec::with_capacity(total);
     for (i, scenario) in spec.scenarios.iter().enumerate() {
         if stop.flag().load(std::sync::atomic::Ordering::Relaxed) {
             anyhow::bail!("interrupted before scenario {:?}", scenario.name);
         }
-        eprintln!(
-            "tap-probe check: scenario {}/{total}: {}",
-            i + 1,
-            scenario.name
-        );
+        progress.update(&Status {
+            what: &scenario.name,
+            step: Some((i as u64, total as u64)),
+            left: scenario.traffic.duration,
+            detail: "",
+        });
         let started = Instant::now();
         let report = match run::run(&scenario.traffic, &kernel, &stop.flag()) {
             Ok(measured) => ScenarioReport::judged(
@@ -136,8 +139,15 @@ fn run_scenarios(spec: &Spec, baseline: Option<&Baseline>) -> Result<CheckReport
                 started.elapsed().as_secs_f64(),
             ),
         };
+        progress.note(&format!(
+            "{}/{total} {}: {}",
+            i + 1,
+            scenario.name,
+            report.verdict.label()
+        ));
         scenarios.push(report);
     }
+    progress.finish();
     Ok(CheckReport {
         kernel_release: kernel.release.clone(),
         scenarios,

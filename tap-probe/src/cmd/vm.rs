@@ -89,6 +89,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
         image.collect(out.to_str().context("--out is not UTF-8")?);
     }
     let command: Vec<String> = args.command.iter().map(|arg| sh_quote(arg)).collect();
+    // Tables fit the terminal the output ends up on: this one's width, when it is one.
+    if let Some((columns, _)) = crate::output::term::size(&std::io::stdout()) {
+        image.script(&format!("export COLUMNS={columns}\n"));
+    }
     image.script(&format!(
         "/bin/tap-probe {} > {STDOUT_TTY}\nstatus=$?\n",
         command.join(" ")

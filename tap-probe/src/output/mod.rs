@@ -21,7 +21,6 @@ pub(crate) mod tui;
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::io::IsTerminal as _;
 use std::io::Write as _;
 
 use crate::cli::Format;
@@ -104,7 +103,7 @@ impl Output {
         Self {
             format,
             view,
-            terminal: std::io::stdout().is_terminal(),
+            terminal: crate::output::term::interactive(&std::io::stdout()),
             shown: RefCell::default(),
         }
     }

@@ -19,7 +19,7 @@
 //! ```
 
 use std::fmt::Write as _;
-use std::io::{IsTerminal as _, Write as _};
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use crate::output::compact::clip;
@@ -56,7 +56,7 @@ impl Progress {
     #[must_use]
     pub(crate) fn stderr() -> Self {
         Self {
-            on: std::io::stderr().is_terminal(),
+            on: crate::output::term::interactive(&std::io::stderr()),
             started: Instant::now(),
             drawn: None,
         }

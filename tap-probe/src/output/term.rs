@@ -1,6 +1,15 @@
 //! The terminal's size, for views that fit it.
 
+use std::io::IsTerminal;
 use std::os::fd::AsRawFd;
+
+/// Whether `stream` is a terminal to draw on in place: a terminal whose `TERM` is not
+/// `dumb` (the convention for terminals that cannot move the cursor; `tap-probe vm` sets
+/// it in the guest, whose serial lines carry the output to the host).
+#[must_use]
+pub(crate) fn interactive(stream: &impl IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("TERM").is_none_or(|term| term != "dumb")
+}
 
 /// Columns and rows of the terminal `fd` is, if it is one (`TIOCGWINSZ`, which the kernel
 /// updates on every resize; a pseudo-terminal nobody sized reports 0, taken as unknown).

@@ -6,7 +6,6 @@
 mod draw;
 pub(crate) mod state;
 
-use std::io::IsTerminal as _;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -32,7 +31,7 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// # Errors
 /// When stdout is not a terminal.
 pub(crate) fn check() -> anyhow::Result<()> {
-    if !std::io::stdout().is_terminal() {
+    if !crate::output::term::interactive(&std::io::stdout()) {
         bail!(
             "--tui needs a terminal on stdout; without one, watch prints the compact table \
              (or use --format json)"
