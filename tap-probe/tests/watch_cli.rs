@@ -227,6 +227,16 @@ fn without_privileges_the_error_names_the_capabilities() {
 
 #[test]
 fn ctrl_c_during_the_demo_leaves_nothing_behind() {
+    signal_during_the_demo_leaves_nothing_behind(nix::sys::signal::Signal::SIGINT);
+}
+
+/// A closed terminal (SIGHUP) must clean up like Ctrl-C.
+#[test]
+fn a_hangup_during_the_demo_leaves_nothing_behind() {
+    signal_during_the_demo_leaves_nothing_behind(nix::sys::signal::Signal::SIGHUP);
+}
+
+fn signal_during_the_demo_leaves_nothing_behind(signal: nix::sys::signal::Signal) {
     if !tap_probe::lab::root() {
         return;
     }
@@ -258,7 +268,7 @@ fn ctrl_c_during_the_demo_leaves_nothing_behind() {
     }
     std::thread::sleep(Duration::from_secs(2));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    nix::sys::signal::kill(pid, signal).unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -1,4 +1,6 @@
-//! SIGINT and SIGTERM: the one way tap-probe is told to stop, for every loop.
+//! SIGINT, SIGTERM and SIGHUP: the one way tap-probe is told to stop, for every loop. SIGHUP
+//! comes when the terminal goes away (a closed window, an ended ssh session); it must clean
+//! up like the others rather than die leaving namespaces, taps and probes behind.
 //!
 //! A caught signal sets a flag and makes an eventfd readable. Threads that send or read
 //! traffic look at the flag between batches; a loop that sleeps between refreshes sleeps in
@@ -39,7 +41,7 @@ extern "C" fn on_signal(_: libc::c_int) {
     }
 }
 
-/// SIGINT and SIGTERM caught while this lives.
+/// SIGINT, SIGTERM and SIGHUP caught while this lives.
 pub(crate) struct Stop {
     flag: Arc<AtomicBool>,
     old: Vec<(Signal, SigAction)>,
@@ -71,7 +73,7 @@ impl Stop {
             flag,
             old: Vec::new(),
         };
-        for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
             // SAFETY: the handler only touches atomics and calls write(2).
             let old = unsafe { sigaction(signal, &action) }
                 .with_context(|| format!("installing the {signal} handler"))?;
