@@ -119,6 +119,8 @@ pub(crate) enum QdiscArg {
     Noqueue,
     PfifoFast,
     Pfifo,
+    /// fq_codel (the default of most distributions; a module or absent on some kernels).
+    FqCodel,
 }
 
 impl From<QdiscArg> for RootQdisc {
@@ -127,6 +129,7 @@ impl From<QdiscArg> for RootQdisc {
             QdiscArg::Noqueue => Self::Noqueue,
             QdiscArg::PfifoFast => Self::PfifoFast,
             QdiscArg::Pfifo => Self::Pfifo { limit: None },
+            QdiscArg::FqCodel => Self::FqCodel,
         }
     }
 }

@@ -107,7 +107,7 @@ fn two_queue_tap(ns: &tap_probe::lab::NamedNetns) -> Tap {
         let opts = TapOptions {
             multi_queue: true,
             queues: 2,
-            tun: false,
+            ..TapOptions::default()
         };
         let tap = Tap::create("tpm0", opts)?;
         let mut rtnl = Rtnl::open()?;

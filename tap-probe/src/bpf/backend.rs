@@ -8,6 +8,13 @@
 //!   is that same address.
 //! - Drops and queue state: the `kfree_skb` and `qdisc_dequeue` tracepoints, on every backend
 //!   (the drop reason exists only there).
+//! - Packets put back while the queue was stopped (`requeued_stopped`): a kprobe and
+//!   kretprobe on `sch_direct_xmit` (exact), or each queue's `qdisc_dequeue`s followed to the
+//!   driver (may be short by packets put back from the bypass of an empty qdisc).
+//! - Who woke the queue: a kprobe on `netif_tx_wake_queue` and its caller's stack; without
+//!   kprobes only the wakes themselves are seen (the queue state).
+//! - Ring occupancy: read by the driver-call and reader-take programs of either backend,
+//!   where BTF says where the tap's `ptr_ring` is.
 //!
 //! fentry/fexit would be cheaper than kprobes, but tun is a module on most distributions and
 //! aya 0.14 loads fentry programs only against vmlinux's BTF, not a module's
@@ -15,11 +22,14 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use aya::Ebpf;
+use aya::maps::{Array, MapData};
 use aya::programs::{KProbe, RawTracePoint};
 use serde::Serialize;
 use tap_probe_common::{
-    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT,
-    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+    MAP_SETTINGS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS,
+    PROG_DIRECT_XMIT_ENTRY, PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE,
+    PROG_START_XMIT, PROG_WAKE_ENTRY, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+    SETTING_WAKE_EVENTS,
 };
 
 use crate::kernel::KernelInfo;
@@ -54,8 +64,51 @@ pub struct Sources {
     pub(crate) xmit: Xmit,
     /// Reader takes: `consumed`, `reader_sleeps`.
     pub(crate) consumed: Consume,
+    /// Packets put back while the queue was stopped: `requeued_stopped`.
+    pub(crate) requeues: Requeues,
+    /// Who woke the queue: `wakes_reader`, `wakes_vhost`, `wakes_forced`, `wakes_other`,
+    /// `wakes_recheck`.
+    pub(crate) wakes: Wakes,
+    /// `ring_occupancy`.
+    pub(crate) ring: Ring,
     /// Why a preferred source was not used.
     pub(crate) notes: Vec<String>,
+}
+
+/// Where packets put back by a stopped queue are seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Requeues {
+    /// A kprobe and a kretprobe on `sch_direct_xmit`: every requeue without a driver call.
+    Kprobes,
+    /// `qdisc:qdisc_dequeue`, each dequeue followed to the driver: blind to a packet put
+    /// back from the bypass of an empty qdisc, which was never dequeued.
+    DequeuePairs,
+}
+
+impl Requeues {
+    /// Whether `requeued_stopped` may miss some (and by what).
+    #[must_use]
+    pub(crate) fn may_be_short(self) -> bool {
+        self == Self::DequeuePairs
+    }
+}
+
+/// Where wakes are told apart by who woke the queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Wakes {
+    /// A kprobe on `netif_tx_wake_queue`; its stack is matched against these functions.
+    Callers(Vec<String>),
+    /// Only the DRV_XOFF transitions (`queue_wakes`): who woke is unknown.
+    Inferred,
+}
+
+/// Where ring occupancy comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Ring {
+    /// The tap's `ptr_ring`, read at offsets from this BTF file.
+    Sampled(String),
+    /// Not sampled, and why.
+    Unavailable(String),
 }
 
 /// Where driver calls are seen.
@@ -78,6 +131,10 @@ pub(crate) enum Consume {
 
 /// Drops: the only source of the drop reason.
 const DROPS: &str = "tracepoint skb:kfree_skb";
+/// The function every wake goes through.
+const WAKE_FUNCTION: &str = "netif_tx_wake_queue";
+/// The qdisc's transmit of dequeued (or bypassing) packets, which puts them back.
+const DIRECT_XMIT_FUNCTION: &str = "sch_direct_xmit";
 /// The queue state: read where it changes or shows.
 const QUEUE_STATE: &str = "after each driver call, and tracepoint qdisc:qdisc_dequeue";
 
@@ -101,41 +158,117 @@ impl std::fmt::Display for Consume {
     }
 }
 
+impl std::fmt::Display for Requeues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Kprobes => "kprobe+kretprobe sch_direct_xmit",
+            Self::DequeuePairs => {
+                "tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass \
+                 requeues)"
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Wakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Callers(functions) if functions.is_empty() => {
+                write!(f, "kprobe {WAKE_FUNCTION} (no known waker in kallsyms: all other)")
+            }
+            Self::Callers(functions) => write!(
+                f,
+                "kprobe {WAKE_FUNCTION}, by caller: {}",
+                functions.join(", ")
+            ),
+            Self::Inferred => f.write_str(
+                "not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)",
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sampled(btf) => write!(
+                f,
+                "ptr_ring read at each driver call and reader take (offsets from {btf})"
+            ),
+            Self::Unavailable(why) => write!(f, "not sampled: {why}"),
+        }
+    }
+}
+
 impl Sources {
+    /// Whether `requeued_stopped` may miss packets put back from a qdisc's bypass (the
+    /// tracepoint source); where it may not, `busy + requeued_stopped` is every requeue.
+    #[must_use]
+    pub fn requeues_may_be_short(&self) -> bool {
+        self.requeues.may_be_short()
+    }
+
+    /// Whether wakes are told apart by who woke the queue (`wakes_*`).
+    #[must_use]
+    pub fn wakes_by_source(&self) -> bool {
+        matches!(self.wakes, Wakes::Callers(_))
+    }
+
+    /// Whether the ring occupancy is sampled (on tun/tap devices).
+    #[must_use]
+    pub fn ring_sampled(&self) -> bool {
+        matches!(self.ring, Ring::Sampled(_))
+    }
+
     /// The kind of hook behind each group of counters, in a few words: the trace header's
     /// record of what produced the events.
     #[must_use]
     pub(crate) fn hooks(&self) -> String {
-        let xmit = match self.xmit {
-            Xmit::Kprobes(_) => "kprobe",
-            Xmit::Tracepoints => "tracepoint",
-        };
-        let consumed = match self.consumed {
-            Consume::Kprobe => "kprobe",
-            Consume::Tracepoint => "tracepoint",
-        };
-        format!("xmit={xmit}, consumed={consumed}, drops=tracepoint, queue_state=tracepoint")
+        let kind = |kprobe: bool| if kprobe { "kprobe" } else { "tracepoint" };
+        format!(
+            "xmit={}, consumed={}, drops=tracepoint, queue_state=tracepoint, requeues={}, \
+             wakes={}",
+            kind(matches!(self.xmit, Xmit::Kprobes(_))),
+            kind(self.consumed == Consume::Kprobe),
+            kind(self.requeues == Requeues::Kprobes),
+            if matches!(self.wakes, Wakes::Callers(_)) {
+                "kprobe"
+            } else {
+                "inferred"
+            },
+        )
     }
 
-    /// Each group of counters and its source, in the order the JSON has them.
+    /// Each group of counters: its JSON key, what it counts, and its source, in the order
+    /// the JSON has them.
     #[must_use]
-    pub(crate) fn groups(&self) -> [(&'static str, String); 4] {
+    pub(crate) fn groups(&self) -> [(&'static str, &'static str, String); 7] {
         [
-            ("xmit", self.xmit.to_string()),
-            ("drops", DROPS.to_owned()),
-            ("consumed", self.consumed.to_string()),
-            ("queue_state", QUEUE_STATE.to_owned()),
+            ("xmit", "driver calls", self.xmit.to_string()),
+            ("drops", "drops", DROPS.to_owned()),
+            ("consumed", "reader takes", self.consumed.to_string()),
+            ("queue_state", "queue state", QUEUE_STATE.to_owned()),
+            (
+                "requeued_stopped",
+                "requeues while stopped",
+                self.requeues.to_string(),
+            ),
+            ("wakes", "wakes by source", self.wakes.to_string()),
+            ("ring_occupancy", "ring occupancy", self.ring.to_string()),
         ]
     }
 }
 
 impl std::fmt::Display for Sources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "xmit: {}; drops: {DROPS}; consumed: {}; queue state: {QUEUE_STATE}",
-            self.xmit, self.consumed
-        )
+        let groups = self.groups();
+        for (i, (_, what, source)) in groups.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{what}: {source}")?;
+        }
+        Ok(())
     }
 }
 
@@ -143,8 +276,8 @@ impl Serialize for Sources {
     /// Each group's source as text, then the notes.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = serializer.serialize_struct("Sources", 5)?;
-        for (group, source) in self.groups() {
+        let mut st = serializer.serialize_struct("Sources", 8)?;
+        for (group, _, source) in self.groups() {
             st.serialize_field(group, &source)?;
         }
         st.serialize_field("notes", &self.notes)?;
@@ -205,11 +338,97 @@ pub(crate) fn attach(
             Consume::Tracepoint
         }
     };
+
+    let requeues = match kprobes.then(|| attach_direct_xmit(ebpf, &kernel.kallsyms)) {
+        Some(Ok(())) => Requeues::Kprobes,
+        Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
+        failed => {
+            if let Some(Err(err)) = failed {
+                notes.push(format!("requeue kprobes: {err:#}"));
+            }
+            attach_raw(ebpf, PROG_DEQUEUE_PAIRS)?;
+            Requeues::DequeuePairs
+        }
+    };
+
+    let wakes = match kprobes.then(|| attach_wake(ebpf, kernel)) {
+        Some(Ok(functions)) => Wakes::Callers(functions),
+        Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
+        failed => {
+            if let Some(Err(err)) = failed {
+                notes.push(format!("wake kprobe: {err:#}"));
+            }
+            Wakes::Inferred
+        }
+    };
+
+    let ring = match &kernel.ring_facts {
+        Ok(btf) => Ring::Sampled(btf.clone()),
+        Err(why) => Ring::Unavailable(why.clone()),
+    };
     Ok(Sources {
         xmit,
         consumed,
+        requeues,
+        wakes,
+        ring,
         notes,
     })
+}
+
+/// The kretprobe, then the kprobe, on `sch_direct_xmit` (so every recorded entry meets
+/// its return).
+fn attach_direct_xmit(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<()> {
+    require_kprobes()?;
+    if !kallsyms.has(DIRECT_XMIT_FUNCTION) {
+        bail!("{DIRECT_XMIT_FUNCTION} is not in /proc/kallsyms");
+    }
+    attach_kprobe(ebpf, PROG_DIRECT_XMIT_RETURN, DIRECT_XMIT_FUNCTION, true)?;
+    attach_kprobe(ebpf, PROG_DIRECT_XMIT_ENTRY, DIRECT_XMIT_FUNCTION, false)
+}
+
+/// The kprobe on `netif_tx_wake_queue`; from then on it records the wake events (see
+/// `SETTING_WAKE_EVENTS`). Returns the wakers it tells apart.
+fn attach_wake(ebpf: &mut Ebpf, kernel: &KernelInfo) -> anyhow::Result<Vec<String>> {
+    require_kprobes()?;
+    if !kernel.kallsyms.has(WAKE_FUNCTION) {
+        bail!("{WAKE_FUNCTION} is not in /proc/kallsyms");
+    }
+    attach_kprobe(ebpf, PROG_WAKE_ENTRY, WAKE_FUNCTION, false)?;
+    let mut settings: Array<&mut MapData, u32> = Array::try_from(
+        ebpf.map_mut(MAP_SETTINGS)
+            .ok_or_else(|| anyhow!("map {MAP_SETTINGS} missing from the eBPF object"))?,
+    )?;
+    settings.set(SETTING_WAKE_EVENTS, 1, 0)?;
+    let mut functions: Vec<String> = Vec::new();
+    for (range, class) in &kernel.wake_ranges {
+        let name = format!("{} ({})", range.name, wake_class_name(*class));
+        if !functions.contains(&name) {
+            functions.push(name);
+        }
+    }
+    Ok(functions)
+}
+
+/// The counter a wake of `class` lands in, without its `wakes_` prefix.
+#[must_use]
+pub(crate) fn wake_class_name(class: tap_probe_common::WakeClass) -> &'static str {
+    use tap_probe_common::WakeClass;
+    match class {
+        WakeClass::Reader => "reader",
+        WakeClass::Vhost => "vhost",
+        WakeClass::Forced => "forced",
+        WakeClass::Recheck => "recheck",
+        WakeClass::Other => "other",
+    }
+}
+
+fn require_kprobes() -> anyhow::Result<()> {
+    if std::path::Path::new(KPROBE_PMU).exists() {
+        Ok(())
+    } else {
+        bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)")
+    }
 }
 
 fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {
@@ -229,9 +448,7 @@ fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Resu
 /// Probes the return, then the entry, of every driver transmit function present; the
 /// returns first so that every recorded entry meets its return.
 fn attach_xmit_kprobes(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<Vec<&'static str>> {
-    if !std::path::Path::new(KPROBE_PMU).exists() {
-        bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)");
-    }
+    require_kprobes()?;
     let present: Vec<&str> = XMIT_FUNCTIONS
         .into_iter()
         .filter(|f| kallsyms.has(f))
@@ -277,15 +494,26 @@ mod tests {
         let sources = Sources {
             xmit: Xmit::Kprobes(vec!["tun_net_xmit", "veth_xmit"]),
             consumed: Consume::Tracepoint,
+            requeues: Requeues::DequeuePairs,
+            wakes: Wakes::Inferred,
+            ring: Ring::Sampled("/sys/kernel/btf/tun".to_owned()),
             notes: vec!["fentry: no".to_owned()],
         };
+        // The groups that were there keep their keys and texts.
         assert_eq!(
             serde_json::to_string(&sources).unwrap(),
-            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","notes":["fentry: no"]}"#
+            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","requeued_stopped":"tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)","wakes":"not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)","ring_occupancy":"ptr_ring read at each driver call and reader take (offsets from /sys/kernel/btf/tun)","notes":["fentry: no"]}"#
         );
         assert_eq!(
             sources.hooks(),
-            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint"
+            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint, \
+             requeues=tracepoint, wakes=inferred"
+        );
+        assert!(sources.requeues.may_be_short());
+        let wakes = Wakes::Callers(vec!["__tun_wake_queue (reader)".to_owned()]);
+        assert_eq!(
+            wakes.to_string(),
+            "kprobe netif_tx_wake_queue, by caller: __tun_wake_queue (reader)"
         );
     }
 }

@@ -18,6 +18,10 @@ pub(crate) struct Args {
     /// Transmit queue length of the tap (also the size of its ring).
     #[arg(long, value_name = "N")]
     pub(crate) tx_queue_len: Option<u32>,
+    /// Open the tap with IFF_BACKPRESSURE: with a qdisc, a full ring stops the queue
+    /// instead of dropping (Linux 7.3; an error on kernels without it).
+    #[arg(long)]
+    pub(crate) backpressure: bool,
     /// Packets per second the reader takes (a slow VM); unlimited when not given.
     #[arg(long, value_name = "N")]
     pub(crate) reader_pps: Option<u64>,
@@ -56,6 +60,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
             tx_queue_len: args.tx_queue_len,
             reader_pps: args.reader_pps,
             reader_deadline: None,
+            backpressure: args.backpressure,
         },
         packets: args.packets,
         duration: args.duration,

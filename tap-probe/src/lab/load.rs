@@ -35,6 +35,8 @@ pub(crate) struct SessionConfig {
     /// The reader stops by itself after this long (it is normally stopped by
     /// [`LoadSession::drain`] or drop); `None` means an hour.
     pub(crate) reader_deadline: Option<Duration>,
+    /// Open the tap with `IFF_BACKPRESSURE` (refused where the kernel lacks it).
+    pub(crate) backpressure: bool,
 }
 
 /// A whole `load` run.
@@ -258,7 +260,13 @@ impl Drop for LoadSession {
 
 /// Creates the tap in the calling thread's namespace and configures it.
 fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
-    let tap = Tap::create(TAP_NAME, TapOptions::default())?;
+    let tap = Tap::create(
+        TAP_NAME,
+        TapOptions {
+            backpressure: cfg.backpressure,
+            ..TapOptions::default()
+        },
+    )?;
     let mut rtnl = Rtnl::open()?;
     // IPv6 would send router and multicast-listener solicitations into the tap when it
     // comes up, polluting the counts. /proc/sys/net resolves against the opener's
@@ -283,6 +291,8 @@ fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct LoadReport {
     pub(crate) device: DeviceIdentity,
+    /// Whether the tap was opened with `IFF_BACKPRESSURE`.
+    pub(crate) backpressure: bool,
     pub(crate) qdisc: String,
     pub(crate) tx_queue_len: u32,
     pub(crate) frame_len: usize,
@@ -292,7 +302,8 @@ pub(crate) struct LoadReport {
     pub(crate) attempted: u64,
     /// Frames the stack accepted.
     pub(crate) sent: u64,
-    /// Frames refused by a full qdisc.
+    /// Frames dropped on the way and reported to the sender: by a full qdisc, or by the
+    /// driver where there is none.
     pub(crate) enobufs: u64,
     /// Frames the reader took while the sender ran.
     pub(crate) read_by_reader: u64,
@@ -329,6 +340,7 @@ impl LoadReport {
                     self.device.netns_inode
                 ),
             ),
+            ("backpressure", self.backpressure.to_string()),
             ("qdisc", self.qdisc.clone()),
             ("tx_queue_len", self.tx_queue_len.to_string()),
             ("frame_len", self.frame_len.to_string()),
@@ -393,6 +405,7 @@ pub(crate) fn run_load_with_stop(cfg: &LoadConfig, stop: &Arc<AtomicBool>) -> Re
     let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     Ok(LoadReport {
         device: session.device().clone(),
+        backpressure: cfg.session.backpressure,
         qdisc: drained
             .qdisc
             .as_ref()
@@ -471,6 +484,7 @@ mod tests {
                 tx_queue_len: Some(100),
                 reader_pps: Some(2_000),
                 reader_deadline: None,
+                backpressure: false,
             },
             packets: 20_000,
             duration: Duration::from_secs(1),

@@ -13,6 +13,12 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 const TUN_PATH: &str = "/dev/net/tun";
 
+/// `IFF_BACKPRESSURE` (`include/uapi/linux/if_tun.h`, Linux 7.3): the tap stops its queue
+/// when its ring fills instead of dropping, when a qdisc sits in front of it. A kernel
+/// without it masks the bit off in TUNSETIFF without an error (`tun_set_iff` keeps only
+/// `TUN_FEATURES`), so its support is read from TUNGETFEATURES, never assumed.
+pub(crate) const IFF_BACKPRESSURE: u32 = 0x0080;
+
 /// How to create the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TapOptions {
@@ -23,6 +29,8 @@ pub struct TapOptions {
     pub queues: u16,
     /// `IFF_TUN` (layer 3, no Ethernet header) instead of `IFF_TAP`.
     pub tun: bool,
+    /// [`IFF_BACKPRESSURE`]: refused with an error on kernels that do not list it.
+    pub backpressure: bool,
 }
 
 impl Default for TapOptions {
@@ -31,8 +39,44 @@ impl Default for TapOptions {
             multi_queue: false,
             queues: 1,
             tun: false,
+            backpressure: false,
         }
     }
+}
+
+/// The `IFF_*` flags this kernel's tun driver accepts in TUNSETIFF (TUNGETFEATURES on
+/// `/dev/net/tun`).
+///
+/// # Errors
+/// When `/dev/net/tun` cannot be opened (tun not loaded) or the ioctl fails.
+pub(crate) fn tun_features() -> Result<u32> {
+    let fd = open_tun()?;
+    let mut features: libc::c_uint = 0;
+    // SAFETY: TUNGETFEATURES writes one unsigned int; fd is an open /dev/net/tun.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETFEATURES, &raw mut features) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error()).context("TUNGETFEATURES on /dev/net/tun");
+    }
+    Ok(features)
+}
+
+/// Refuses [`IFF_BACKPRESSURE`] on a kernel that would silently ignore it.
+///
+/// # Errors
+/// When this kernel's tun does not list the flag, naming the kernel.
+pub(crate) fn require_backpressure() -> Result<()> {
+    let features = tun_features()?;
+    if features & IFF_BACKPRESSURE == 0 {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "this kernel".to_owned(), |r| format!("Linux {}", r.trim()));
+        bail!(
+            "{release} does not support IFF_BACKPRESSURE: TUNGETFEATURES lists {features:#06x}, \
+             without {IFF_BACKPRESSURE:#06x} (the opt-in arrived with Linux 7.3; older kernels \
+             ignore the flag silently). Leave out --backpressure, or run on a kernel with it \
+             (e.g. tap-probe vm --kernel debian-7.3 -- ...)"
+        );
+    }
+    Ok(())
 }
 
 /// A tun/tap device and the fds of its queues. Reading a queue fd takes packets the host
@@ -74,6 +118,10 @@ impl Tap {
         if opts.multi_queue {
             flags |= libc::IFF_MULTI_QUEUE;
         }
+        if opts.backpressure {
+            require_backpressure()?;
+            flags |= libc::c_int::try_from(IFF_BACKPRESSURE).unwrap_or_default();
+        }
         let mut actual = name.to_owned();
         let mut queues = Vec::with_capacity(usize::from(opts.queues));
         for queue in 0..opts.queues {
@@ -83,6 +131,15 @@ impl Tap {
                 .with_context(|| format!("cannot open queue {queue} of tap {actual}"))?;
             actual = got;
             queues.push(fd);
+        }
+        if opts.backpressure {
+            let got = tun_flags_of(queues[0].as_fd())?;
+            if got & IFF_BACKPRESSURE == 0 {
+                bail!(
+                    "tap {actual} was created without IFF_BACKPRESSURE although the kernel lists \
+                     it (TUNGETIFF flags {got:#06x}): an existing device with other flags?"
+                );
+            }
         }
         let ifindex = nix::net::if_::if_nametoindex(actual.as_str())
             .with_context(|| format!("tap {actual} was created but its ifindex cannot be read"))?;
@@ -151,9 +208,25 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> Result<(
     Ok(())
 }
 
-/// Opens `/dev/net/tun` and binds it to device `name` with `flags`; returns the fd and the
-/// device name the kernel reported back.
-fn attach(name: &str, flags: libc::c_int) -> Result<(OwnedFd, String)> {
+/// The device's flags as the kernel keeps them (TUNGETIFF on a queue fd; what
+/// `/sys/class/net/DEV/tun_flags` shows).
+///
+/// # Errors
+/// When the ioctl fails.
+pub(crate) fn tun_flags_of(fd: BorrowedFd<'_>) -> Result<u32> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    // SAFETY: TUNGETIFF fills a `struct ifreq`; fd is an attached tun/tap queue.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETIFF, &raw mut ifr) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error()).context("TUNGETIFF");
+    }
+    // SAFETY: TUNGETIFF sets ifru_flags (`tun_get_iff`).
+    let flags = unsafe { ifr.ifr_ifru.ifru_flags };
+    Ok(u32::from(flags.cast_unsigned()))
+}
+
+fn open_tun() -> Result<OwnedFd> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -165,7 +238,13 @@ fn attach(name: &str, flags: libc::c_int) -> Result<(OwnedFd, String)> {
             }
             _ => anyhow!("cannot open {TUN_PATH}: {err}"),
         })?;
-    let fd = OwnedFd::from(file);
+    Ok(OwnedFd::from(file))
+}
+
+/// Opens `/dev/net/tun` and binds it to device `name` with `flags`; returns the fd and the
+/// device name the kernel reported back.
+fn attach(name: &str, flags: libc::c_int) -> Result<(OwnedFd, String)> {
+    let fd = open_tun()?;
 
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };

@@ -128,7 +128,7 @@ mod tests {
                     TapOptions {
                         multi_queue: true,
                         queues: 3,
-                        tun: false,
+                        ..TapOptions::default()
                     },
                 )?,
             ))

@@ -21,6 +21,8 @@ pub enum RootQdisc {
     PfifoFast,
     /// One FIFO; `limit` packets, or `tx_queue_len` when `None`.
     Pfifo { limit: Option<u32> },
+    /// Fair queueing with CoDel's delay control, with its defaults (10240 packets).
+    FqCodel,
 }
 
 impl RootQdisc {
@@ -30,6 +32,7 @@ impl RootQdisc {
             Self::Noqueue => "noqueue",
             Self::PfifoFast => "pfifo_fast",
             Self::Pfifo { .. } => "pfifo",
+            Self::FqCodel => "fq_codel",
         }
     }
 }
@@ -74,7 +77,22 @@ impl Rtnl {
                 "replace the root qdisc of link {ifindex} with {}",
                 qdisc.kind()
             ),
-        )?;
+        )
+        .map_err(|err| {
+            // qdisc_lookup_ops found no such kind, built in or as a module.
+            if err
+                .downcast_ref::<super::socket::NetlinkError>()
+                .is_some_and(|e| e.errno == libc::ENOENT)
+            {
+                err.context(format!(
+                    "this kernel has no {} qdisc (neither built in nor a loadable module); \
+                     choose another --qdisc",
+                    qdisc.kind()
+                ))
+            } else {
+                err
+            }
+        })?;
         Ok(())
     }
 
