@@ -9,11 +9,12 @@ pub(crate) mod load;
 pub(crate) mod slow_consumer;
 pub(crate) mod traffic;
 
-pub use crate::bpf::backend::Backend;
+pub use crate::bpf::backend::{Backend, Sources};
+pub use crate::bpf::probe::RingOccupancy;
 pub use crate::host::discovery::{DeviceKind, Discovery, Filter};
 pub use crate::host::report::{Report, Row, Value};
 pub use crate::host::watcher::Watcher;
-pub use crate::kernel::KernelInfo;
+pub use crate::kernel::{KernelInfo, TunBackpressure};
 pub use crate::lab::slow_consumer::SlowConsumer;
 pub use crate::lab::traffic::{
     Drive, Driven, ReadReport, ReaderConfig, SendReport, SenderConfig, send,

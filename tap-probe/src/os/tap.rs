@@ -184,6 +184,14 @@ impl Tap {
             .with_context(|| format!("cannot duplicate the fd of queue {i} of tap {}", self.name))
     }
 
+    /// The device's flags as the kernel keeps them (`tun_flags`; TUNGETIFF).
+    ///
+    /// # Errors
+    /// When the ioctl fails.
+    pub fn tun_flags(&self) -> Result<u32> {
+        tun_flags_of(self.queue_fd(0))
+    }
+
     /// Sets or clears `O_NONBLOCK` on every queue fd.
     ///
     /// # Errors
