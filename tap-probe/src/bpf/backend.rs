@@ -423,8 +423,14 @@ pub(crate) fn wake_class_name(class: tap_probe_common::WakeClass) -> &'static st
     }
 }
 
+/// Whether this kernel has kprobes (the perf event source aya attaches them through).
+#[must_use]
+pub(crate) fn has_kprobes() -> bool {
+    std::path::Path::new(KPROBE_PMU).exists()
+}
+
 fn require_kprobes() -> anyhow::Result<()> {
-    if std::path::Path::new(KPROBE_PMU).exists() {
+    if has_kprobes() {
         Ok(())
     } else {
         bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)")

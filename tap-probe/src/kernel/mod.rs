@@ -145,6 +145,23 @@ impl KernelInfo {
     }
 }
 
+impl KernelInfo {
+    /// The backends this kernel has what they need for (kprobes; the `consume_skb`
+    /// tracepoint's `location`), so a test can require each of them to attach.
+    #[must_use]
+    pub fn backends(&self) -> Vec<crate::bpf::backend::Backend> {
+        use crate::bpf::backend::Backend;
+        let mut backends = Vec::new();
+        if self.consume_has_location {
+            backends.push(Backend::Tracepoint);
+        }
+        if crate::bpf::backend::has_kprobes() {
+            backends.push(Backend::Kprobe);
+        }
+        backends
+    }
+}
+
 /// Maps `enum skb_drop_reason` values to names.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ReasonNames(pub(crate) BTreeMap<u32, String>);

@@ -99,31 +99,27 @@ pub(crate) fn has_backpressure_flag(kernel: &KernelInfo) -> bool {
     kernel.tun_backpressure == Some(TunBackpressure::OptIn)
 }
 
-/// Whether this kernel has kprobes, so that both backends must attach.
-pub(crate) fn has_kprobes() -> bool {
-    std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists()
-}
-
 /// A watcher for each backend this kernel can run, all attached at once so they count the
-/// same traffic. Where the kernel has kprobes both must attach (a backend that fails there
-/// fails the test); where it has none, the kprobe backend is skipped, visibly.
+/// same traffic. Every backend the kernel has what it needs for must attach (one that fails
+/// there fails the test): kprobes, and the tracepoints with `consume_skb`'s `location`
+/// (6.3+). The others are skipped, visibly.
 pub(crate) fn watchers(
     filter: &tap_probe::lab::Filter,
 ) -> Vec<(tap_probe::lab::Backend, tap_probe::lab::Watcher)> {
     let kernel = kernel();
+    let expected = kernel.backends();
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
         match tap_probe::lab::Watcher::with_backend(&kernel, filter, backend) {
             Ok(w) => all.push((backend, w)),
-            Err(err) if backend == Backend::Kprobe && !has_kprobes() => {
+            Err(err) if !expected.contains(&backend) => {
                 eprintln!("skipping backend {backend:?} - {err:#}");
             }
             Err(err) => panic!("backend {backend:?} does not attach on this kernel: {err:#}"),
         }
     }
-    let expected = if has_kprobes() { 2 } else { 1 };
     assert_eq!(
-        all.len(),
+        all.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
         expected,
         "every backend this kernel runs is attached, so they can be compared"
     );
@@ -139,12 +135,10 @@ pub(crate) fn watchers(
 /// Where the kernel runs two backends, fewer than two rows fail: a comparison of one
 /// backend with itself proves nothing.
 pub(crate) fn assert_backends_agree(rows: &[(Backend, Row)]) {
-    let expected = if has_kprobes() { 2 } else { 1 };
     assert_eq!(
-        rows.len(),
-        expected,
-        "rows of every backend this kernel runs: {:?}",
-        rows.iter().map(|(b, _)| b).collect::<Vec<_>>()
+        rows.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+        kernel().backends(),
+        "rows of every backend this kernel runs"
     );
     let exact = METRICS.iter().filter(|m| m.unit != Unit::Nanoseconds);
     for metric in exact {
