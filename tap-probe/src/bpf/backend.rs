@@ -43,7 +43,8 @@ const XMIT_FUNCTIONS: [&str; 3] = ["tun_net_xmit", "veth_xmit", "macvlan_start_x
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
-    /// fentry, then kprobe, then tracepoints, counter by counter.
+    /// Counter by counter, the tracepoints where they exist (cheaper, and never skipped
+    /// for running inside another program), then kprobes where only kprobes can see it.
     #[default]
     Auto,
     Fentry,
@@ -307,36 +308,60 @@ pub(crate) fn attach(
     attach_raw(ebpf, PROG_KFREE_SKB)?;
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
 
-    let xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf, &kernel.kallsyms)) {
-        Some(Ok(functions)) => Xmit::Kprobes(functions),
-        Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
-        failed => {
-            if let Some(Err(err)) = failed {
-                notes.push(format!("xmit kprobes: {err:#}"));
-            }
-            attach_raw(ebpf, PROG_XMIT)?;
-            attach_raw(ebpf, PROG_START_XMIT)?;
+    // Driver calls and reader takes: the tracepoints first under auto. A kprobe program is
+    // skipped (a "miss") when any other kprobe or perf-event program is running on its CPU
+    // (`bpf_prog_active`, kernel/trace/bpf_trace.c), e.g. a softirq that runs on an
+    // interrupt's exit in the middle of a process-context kprobe program: every driver
+    // call of that softirq goes uncounted. A raw tracepoint program only ever skips itself.
+    let xmit = match backend {
+        Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?),
+        Backend::Tracepoint => {
+            attach_xmit_tracepoints(ebpf)?;
             Xmit::Tracepoints
         }
+        Backend::Auto | Backend::Fentry => match attach_xmit_tracepoints(ebpf) {
+            Ok(()) => Xmit::Tracepoints,
+            Err(err) => {
+                notes.push(format!("xmit tracepoints: {err:#}"));
+                Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?)
+            }
+        },
     };
 
-    let consume_kprobe = || attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
-    let consumed = match kprobes.then(consume_kprobe) {
-        Some(Ok(())) => Consume::Kprobe,
-        Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
-        failed => {
-            if let Some(Err(err)) = failed {
-                notes.push(format!("consume kprobe: {err:#}"));
-            }
-            if !kernel.consume_has_location {
-                bail!(
-                    "nothing can count reader takes here: kprobes do not attach and the \
-                     consume_skb tracepoint has no location argument (Linux < 6.3)"
-                );
-            }
-            attach_raw(ebpf, PROG_CONSUME_SKB)?;
+    let no_location = || {
+        anyhow!(
+            "the consume_skb tracepoint has no location argument (Linux < 6.3), so it cannot \
+             tell a reader's take from any other free"
+        )
+    };
+    let consume_tracepoint = |ebpf: &mut Ebpf| {
+        if kernel.consume_has_location {
+            attach_raw(ebpf, PROG_CONSUME_SKB)
+        } else {
+            Err(no_location())
+        }
+    };
+    let consume_kprobe = |ebpf: &mut Ebpf| attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
+    let consumed = match backend {
+        Backend::Kprobe => {
+            consume_kprobe(ebpf)?;
+            Consume::Kprobe
+        }
+        Backend::Tracepoint => {
+            consume_tracepoint(ebpf).context("nothing can count reader takes with tracepoints")?;
             Consume::Tracepoint
         }
+        Backend::Auto | Backend::Fentry => match consume_tracepoint(ebpf) {
+            Ok(()) => Consume::Tracepoint,
+            Err(err) => {
+                notes.push(format!("consume tracepoint: {err:#}"));
+                consume_kprobe(ebpf).context(
+                    "nothing can count reader takes here: the consume_skb kprobe does not \
+                     attach either",
+                )?;
+                Consume::Kprobe
+            }
+        },
     };
 
     let requeues = match kprobes.then(|| attach_direct_xmit(ebpf, &kernel.kallsyms)) {
@@ -435,6 +460,12 @@ fn require_kprobes() -> anyhow::Result<()> {
     } else {
         bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)")
     }
+}
+
+/// The closing side of a driver call first: an opened bracket is always closed.
+fn attach_xmit_tracepoints(ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    attach_raw(ebpf, PROG_XMIT)?;
+    attach_raw(ebpf, PROG_START_XMIT)
 }
 
 fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {
