@@ -102,6 +102,10 @@ fn veth_with_slow_peer(queues: u32) {
             "{backend:?} ({}):\nsent {sent:?}\nrow {row:#?}\nqdisc {before:?} -> {after:?}",
             end.sources
         );
+        if !common::exact(*backend, w) {
+            rows.push((row.queue, *backend, row));
+            continue;
+        }
         let c = &row.counters;
         assert!(
             c.busy > 0,
@@ -154,7 +158,7 @@ fn veth_with_slow_peer(queues: u32) {
         "every backend saw the traffic on one queue"
     );
     let rows: Vec<_> = rows.into_iter().map(|(_, b, r)| (b, r)).collect();
-    common::assert_backends_agree(&rows);
+    common::assert_backends_agree(&rows, &watchers);
     drop(watchers);
     drop(consumer);
     drop(ns);

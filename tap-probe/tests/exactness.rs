@@ -106,15 +106,17 @@ fn tap_with_slow_reader(setup: Setup) {
         let end = w.refresh().unwrap();
         let row = end.rows[0].clone();
         eprintln!("{backend:?} ({}):\n{row:#?}", end.sources);
-        always(*backend, &row, setup, qdisc.as_ref(), &end.sources);
-        if stops {
-            stopping(*backend, &row, &kernel);
-        } else {
-            tail_dropping(*backend, &row, setup, sent.enobufs);
+        if common::exact(*backend, w) {
+            always(*backend, &row, setup, qdisc.as_ref(), &end.sources);
+            if stops {
+                stopping(*backend, &row, &kernel);
+            } else {
+                tail_dropping(*backend, &row, setup, sent.enobufs);
+            }
         }
         rows.push((*backend, row));
     }
-    common::assert_backends_agree(&rows);
+    common::assert_backends_agree(&rows, &watchers);
     drop(watchers);
     drop(tap);
     drop(ns);
@@ -390,15 +392,17 @@ fn reader_sleeps_match_the_readers_context_switches() {
     for (backend, w) in &mut watchers {
         let row = w.refresh().unwrap().rows[0].clone();
         eprintln!("{backend:?}: {row:#?}");
-        assert_eq!(row.counters.consumed, reads, "{backend:?}");
-        assert_eq!(row.counters.consumed, row.kernel.tx_packets, "{backend:?}");
-        assert_eq!(
-            row.counters.reader_sleeps, switches,
-            "{backend:?}: reader sleeps vs the reader's voluntary context switches"
-        );
+        if common::exact(*backend, w) {
+            assert_eq!(row.counters.consumed, reads, "{backend:?}");
+            assert_eq!(row.counters.consumed, row.kernel.tx_packets, "{backend:?}");
+            assert_eq!(
+                row.counters.reader_sleeps, switches,
+                "{backend:?}: reader sleeps vs the reader's voluntary context switches"
+            );
+        }
         rows.push((*backend, row));
     }
-    common::assert_backends_agree(&rows);
+    common::assert_backends_agree(&rows, &watchers);
     drop(watchers);
     drop(tap);
     drop(ns);

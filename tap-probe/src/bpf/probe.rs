@@ -195,6 +195,17 @@ impl Probe {
         out
     }
 
+    /// Runs of this probe's programs the kernel skipped since they were loaded (see
+    /// [`crate::bpf::missed`]): when not 0, the counts they feed may be short.
+    pub(crate) fn missed_runs(&self) -> u64 {
+        use std::os::fd::AsFd as _;
+        self.ebpf
+            .programs()
+            .filter_map(|(_, program)| program.fd().ok())
+            .filter_map(|fd| crate::bpf::missed::recursion_misses(fd.as_fd()).ok())
+            .sum()
+    }
+
     /// Passes the programs' messages since the last call on to the log.
     pub(crate) fn flush_log(&mut self) {
         if let Some(logger) = &mut self.logger {

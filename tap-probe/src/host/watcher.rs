@@ -99,6 +99,14 @@ impl Watcher {
         self.0.host.probe.program_stats()
     }
 
+    /// Runs of the attached programs the kernel skipped (another kprobe program was running
+    /// on the CPU); when not 0, counts may be short. Kernels before 6.7 do not count the
+    /// kprobes' skips.
+    #[must_use]
+    pub fn missed_runs(&self) -> u64 {
+        self.0.host.probe.missed_runs()
+    }
+
     /// What feeds each counter.
     #[must_use]
     pub(crate) fn sources(&self) -> &crate::bpf::backend::Sources {
