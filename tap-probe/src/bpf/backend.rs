@@ -308,11 +308,12 @@ pub(crate) fn attach(
     attach_raw(ebpf, PROG_KFREE_SKB)?;
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
 
-    // Driver calls and reader takes: the tracepoints first under auto. A kprobe program is
-    // skipped (a "miss") when any other kprobe or perf-event program is running on its CPU
-    // (`bpf_prog_active`, kernel/trace/bpf_trace.c), e.g. a softirq that runs on an
-    // interrupt's exit in the middle of a process-context kprobe program: every driver
-    // call of that softirq goes uncounted. A raw tracepoint program only ever skips itself.
+    // Driver calls and reader takes: the tracepoints first under auto. A kprobe does not
+    // fire while another kprobe's handler runs on its CPU (`kprobe_running()`,
+    // kernel/kprobes.c), and a kprobe program is skipped while another kprobe or perf-event
+    // program runs (`bpf_prog_active`, kernel/trace/bpf_trace.c): a softirq that runs on an
+    // interrupt's exit in the middle of a process-context kprobe program loses every driver
+    // call it makes. A raw tracepoint program only ever skips itself.
     let xmit = match backend {
         Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?),
         Backend::Tracepoint => {
@@ -342,7 +343,25 @@ pub(crate) fn attach(
         }
     };
     let consume_kprobe = |ebpf: &mut Ebpf| attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
+    // Even the kprobe backend takes the reader's takes from the tracepoint where it can
+    // (6.3+): a kprobe handler running in the reader's process context, right after the
+    // reader woke the queue and so raised NET_TX, is where an interrupt's exit runs the
+    // queue's drain, and every kprobe of that drain then does not fire (`kprobe_running()`,
+    // kernel/kprobes.c): whole drains of driver calls went uncounted (64 at a time on 6.12
+    // and 7.3), and the kernel reports that miss only for kprobes with a BPF link, which
+    // aya's perf attach does not make. Where the tracepoint cannot tell a take (before
+    // 6.3) the kprobe it is, and the kernel's tun never wakes a queue there.
     let consumed = match backend {
+        Backend::Kprobe if kernel.consume_has_location => {
+            consume_tracepoint(ebpf)?;
+            notes.push(
+                "consume kprobe: not used where the consume_skb tracepoint has its location: \
+                 a kprobe in the reader's context makes the kernel skip the driver-call \
+                 kprobes of a queue drain run inside it"
+                    .to_owned(),
+            );
+            Consume::Tracepoint
+        }
         Backend::Kprobe => {
             consume_kprobe(ebpf)?;
             Consume::Kprobe
@@ -425,9 +444,11 @@ fn attach_wake(ebpf: &mut Ebpf, kernel: &KernelInfo) -> anyhow::Result<Vec<Strin
             .ok_or_else(|| anyhow!("map {MAP_SETTINGS} missing from the eBPF object"))?,
     )?;
     settings.set(SETTING_WAKE_EVENTS, 1, 0)?;
+    // One name per function and class: `.cold` parts and clones are the same function.
     let mut functions: Vec<String> = Vec::new();
     for (range, class) in &kernel.wake_ranges {
-        let name = format!("{} ({})", range.name, wake_class_name(*class));
+        let base = range.name.split('.').next().unwrap_or(&range.name);
+        let name = format!("{base} ({})", wake_class_name(*class));
         if !functions.contains(&name) {
             functions.push(name);
         }

@@ -1,9 +1,15 @@
-//! Program runs the kernel skipped: a kprobe program does not run while another kprobe or
-//! perf-event program is running on its CPU (`bpf_prog_active` in `trace_call_bpf`,
-//! kernel/trace/bpf_trace.c), and a raw tracepoint program does not run inside itself. The
-//! kernel counts each skipped run in the program's `recursion_misses` (`struct
-//! bpf_prog_info`; for kprobes since Linux 6.7, silently lost before), which aya does not
-//! expose, so it is read here with `BPF_OBJ_GET_INFO_BY_FD`.
+//! Program runs the kernel skipped, as far as it says: a kprobe program does not run while
+//! another kprobe or perf-event program is running on its CPU (`bpf_prog_active` in
+//! `trace_call_bpf`, kernel/trace/bpf_trace.c), and a raw tracepoint program does not run
+//! inside itself. The kernel counts each in the program's `recursion_misses` (`struct
+//! bpf_prog_info`; for kprobes since Linux 6.7), which aya does not expose, so it is read
+//! here with `BPF_OBJ_GET_INFO_BY_FD`.
+//!
+//! Not counted here: a kprobe that does not fire at all because another kprobe's handler
+//! is running on its CPU (`kprobe_running()`, the kprobe's own `nmissed`). The kernel
+//! reports that only through a kprobe's tracefs profile or its BPF link, and aya attaches
+//! kprobes through perf events without a link. See `backend.rs` for how the programs avoid
+//! it.
 
 use std::os::fd::{AsRawFd as _, BorrowedFd};
 
