@@ -161,9 +161,9 @@ fn start_recorder(
 
 /// The workload both runs of the fix's test get: a sender at twice the reader's pace into a
 /// small ring, so the fix stops and wakes the queue many times.
-const FIX_RING: u32 = 200;
-const FIX_SENDER_PPS: u64 = 4_000;
-const FIX_READER_PPS: u64 = 2_000;
+const FIX_RING: u32 = 100;
+const FIX_SENDER_PPS: u64 = 2_000;
+const FIX_READER_PPS: u64 = 1_000;
 const FIX_SECONDS: u64 = 4;
 
 /// One recorded run of the workload on a fresh tap `dev` with `qdisc` (`flag`: with

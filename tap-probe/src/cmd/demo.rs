@@ -40,6 +40,10 @@ pub(crate) struct Args {
     pub(crate) interval: Duration,
     #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
+    /// Also report what each eBPF program cost, as the kernel measures it (runs and mean ns
+    /// per run), in the final summary; the measurement adds two clock reads per run.
+    #[arg(long)]
+    pub(crate) program_stats: bool,
 }
 
 /// Runs `tap-probe demo`.
@@ -57,6 +61,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         reader_deadline: Some(args.duration + Duration::from_secs(30)),
         backpressure: args.backpressure,
     };
+    let _stats = args
+        .program_stats
+        .then(crate::bpf::probe::enable_run_stats)
+        .transpose()?;
     let mut session = LoadSession::start(&session_cfg, stop.flag())?;
     let device = session.device().clone();
     let filter = Filter {
@@ -118,7 +126,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .map_err(|_| anyhow!("the sender thread panicked"))?
     })?;
     let drained = session.drain()?;
-    let last = watcher.refresh()?;
+    let mut last = watcher.refresh()?;
+    if args.program_stats {
+        last.programs = Some(watcher.program_stats());
+    }
     let load = DemoLoad {
         backpressure: args.backpressure,
         sender: sent,
