@@ -19,6 +19,9 @@ pub enum Kind {
     /// Computed from other values of the row. Not exported to Prometheus, which computes it
     /// from the counters over whatever window a query asks for.
     Derived,
+    /// Samples of a level: the latest, the highest and a histogram of all of them since
+    /// tracking began (Prometheus: a gauge, a `_max` gauge and a `_samples` histogram).
+    Distribution,
 }
 
 /// What a value counts or measures, which decides how it is written.
@@ -33,6 +36,23 @@ pub enum Unit {
     Flag,
     /// A ratio per packet; undefined before the first packet.
     PerPacket,
+    /// Entries of a ring.
+    Entries,
+}
+
+/// What a value needs besides the programs every backend attaches. Where that is missing
+/// the value is unknown (JSON `null`, no Prometheus sample, `-` in the table), never a zero
+/// that looks measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requires {
+    /// Always there.
+    Nothing,
+    /// Who woke the queue: the kprobe on `netif_tx_wake_queue` and its caller's stack.
+    WakeSources,
+    /// A tun or tap device: the value describes what only those have.
+    Tun,
+    /// A tun or tap whose `ptr_ring` the programs can find (offsets from BTF).
+    TunRing,
 }
 
 /// Where a value comes from.
@@ -45,6 +65,15 @@ pub enum Source {
     Counters(fn(&QueueCounters) -> Option<f64>),
     /// Whether the queue is stopped as last observed (`QUEUE_STATE`).
     QueueState,
+    /// Whether the queue is stopped and its reader took nothing for longer than the
+    /// watcher's `--stuck-after`: judged at each refresh from the queue state and
+    /// `consumed`.
+    Stuck,
+    /// Whether the tun/tap stops its queue instead of tail-dropping when its ring fills
+    /// (`IFF_BACKPRESSURE` in its `tun_flags`, or a kernel whose tun always does).
+    Backpressure,
+    /// Entries in the tap's `ptr_ring`, sampled at every driver call and reader take.
+    RingOccupancy,
     /// The device's own statistics, as the kernel keeps them, since tracking began. The
     /// kernel keeps them per device, so every queue row of a device shows the same value.
     Kernel(KernelStat),
@@ -69,6 +98,8 @@ pub struct Metric {
     pub kind: Kind,
     pub unit: Unit,
     pub source: Source,
+    /// What the value needs to be known.
+    pub requires: Requires,
     /// The table's column header; `None` shows the value as a note on the column before.
     pub column: Option<&'static str>,
     /// The Prometheus family, without the `tap_probe_` prefix; `None`: not exported.
@@ -84,6 +115,7 @@ macro_rules! queue_metrics {
         counter $name:ident {
             unit: $unit:ident,
             $(event: $event:ident,)?
+            $(requires: $requires:ident,)?
             column: $column:literal,
             prometheus: $prometheus:literal,
             help: $help:literal $(,)?
@@ -99,6 +131,7 @@ macro_rules! queue_metrics {
                 kind: Kind::Counter,
                 unit: Unit::$unit,
                 source: Source::Programs(|c| c.$name),
+                requires: queue_metrics!(@requires $($requires)?),
                 column: Some($column),
                 prometheus: Some($prometheus),
                 event: queue_metrics!(@event $($event)?),
@@ -136,6 +169,8 @@ macro_rules! queue_metrics {
         /// Every value of a row, in display order.
         pub const METRICS: &[Metric] = &[$($metric)*];
     };
+    (@requires) => { Requires::Nothing };
+    (@requires $requires:ident) => { Requires::$requires };
     (@event) => { None };
     (@event $event:ident) => { Some(EventKind::$event) };
     ($($entries:tt)*) => {
@@ -166,6 +201,16 @@ queue_metrics! {
         column: "BUSY",
         prometheus: "busy_total",
         help: "NETDEV_TX_BUSY returns (the packet goes back to the qdisc).",
+    }
+    /// Packets the qdisc handed to `sch_direct_xmit` and put back (`dev_requeue_skb`)
+    /// without a driver call, because the queue was stopped: dequeued while stopped, the
+    /// first packet after a stop that took the empty qdisc's bypass, or the rest of a bulk
+    /// dequeue behind a stop. With `busy`, every requeue the qdisc counts.
+    counter requeued_stopped {
+        unit: Packets,
+        column: "REQ_STOP",
+        prometheus: "requeued_stopped_total",
+        help: "Packets the qdisc put back without a driver call because the queue was stopped.",
     }
     /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
     counter dropped_full_ring {
@@ -209,6 +254,51 @@ queue_metrics! {
         prometheus: "queue_wakes_total",
         help: "Transitions of the queue to running (DRV_XOFF cleared).",
     }
+    /// Wakes by the queue's reader as it took packets: tun's `__tun_wake_queue` from the
+    /// read path, veth's NAPI poll of the peer.
+    counter wakes_reader {
+        unit: Events,
+        requires: WakeSources,
+        column: "W_READER",
+        prometheus: "wakes_reader_total",
+        help: "Queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).",
+    }
+    /// Wakes by vhost-net after a batched take from the ring (`tun_wake_queue`).
+    counter wakes_vhost {
+        unit: Events,
+        requires: WakeSources,
+        column: "W_VHOST",
+        prometheus: "wakes_vhost_total",
+        help: "Queue wakes by vhost-net after a batched take (tun_wake_queue).",
+    }
+    /// Wakes that do not depend on the ring: a queue attached, the device reconfigured,
+    /// the ring resized (`tun_force_wake_queue`).
+    counter wakes_forced {
+        unit: Events,
+        requires: WakeSources,
+        column: "W_FORCED",
+        prometheus: "wakes_forced_total",
+        help: "Queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).",
+    }
+    /// Wakes of a stopped queue from any other caller of `netif_tx_wake_queue`.
+    counter wakes_other {
+        unit: Events,
+        requires: WakeSources,
+        column: "W_OTHER",
+        prometheus: "wakes_other_total",
+        help: "Queue wakes from any other caller of netif_tx_wake_queue.",
+    }
+    /// The lost-race re-check inside the driver call that stopped the queue: the reader
+    /// made room between the stop and the re-check, so the driver woke the queue again
+    /// before returning. Stop and wake fall within one driver call, so neither shows in
+    /// `queue_stops` and `queue_wakes`.
+    counter wakes_recheck {
+        unit: Events,
+        requires: WakeSources,
+        column: "W_RECHECK",
+        prometheus: "wakes_recheck_total",
+        help: "Stops undone by the driver's own re-check within the driver call (a lost race).",
+    }
     /// Nanoseconds spent stopped, summed over completed stop..wake intervals (the loader
     /// adds a stop still running when it shows the value).
     counter stopped_ns {
@@ -223,8 +313,20 @@ queue_metrics! {
         kind: Kind::Gauge,
         unit: Unit::Flag,
         source: Source::QueueState,
+        requires: Requires::Nothing,
         column: None,
         prometheus: Some("queue_stopped"),
+        event: None,
+    }
+    metric {
+        name: "stuck",
+        help: "1 while the queue is stopped and its reader took nothing for longer than --stuck-after.",
+        kind: Kind::Gauge,
+        unit: Unit::Flag,
+        source: Source::Stuck,
+        requires: Requires::Nothing,
+        column: Some("STUCK"),
+        prometheus: Some("queue_stuck"),
         event: None,
     }
     /// Times the queue's reader slept between two packets it took: the growth of the
@@ -243,8 +345,31 @@ queue_metrics! {
         kind: Kind::Derived,
         unit: Unit::PerPacket,
         source: Source::Counters(wakeups_per_packet),
+        requires: Requires::Nothing,
         column: None,
         prometheus: None,
+        event: None,
+    }
+    metric {
+        name: "ring_occupancy",
+        help: "Entries in the tap's ptr_ring, sampled at every driver call and reader take.",
+        kind: Kind::Distribution,
+        unit: Unit::Entries,
+        source: Source::RingOccupancy,
+        requires: Requires::TunRing,
+        column: Some("RING"),
+        prometheus: Some("ring_occupancy"),
+        event: None,
+    }
+    metric {
+        name: "backpressure",
+        help: "1 when the tap stops its queue instead of tail-dropping (IFF_BACKPRESSURE).",
+        kind: Kind::Gauge,
+        unit: Unit::Flag,
+        source: Source::Backpressure,
+        requires: Requires::Tun,
+        column: Some("BP"),
+        prometheus: Some("backpressure"),
         event: None,
     }
     metric {
@@ -253,6 +378,7 @@ queue_metrics! {
         kind: Kind::Counter,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::TxPackets),
+        requires: Requires::Nothing,
         column: Some("K_TX_PKTS"),
         prometheus: Some("kernel_tx_packets_total"),
         event: None,
@@ -263,6 +389,7 @@ queue_metrics! {
         kind: Kind::Counter,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::TxDropped),
+        requires: Requires::Nothing,
         column: Some("K_TX_DROP"),
         prometheus: Some("kernel_tx_dropped_total"),
         event: None,

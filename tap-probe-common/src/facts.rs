@@ -1,6 +1,6 @@
 //! What the programs need to know about the running kernel.
 
-use crate::MAX_READER_RANGES;
+use crate::{MAX_READER_RANGES, MAX_WAKE_RANGES};
 
 /// A half-open range `[start, end)` of kernel text.
 #[repr(C)]
@@ -8,6 +8,74 @@ use crate::MAX_READER_RANGES;
 pub struct TextRange {
     pub start: u64,
     pub end: u64,
+}
+
+/// Who calls `netif_tx_wake_queue`: the class of a kernel function found on the stack of a
+/// wake (see [`WakeRange`]).
+#[repr(u32)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum WakeClass {
+    /// The reader's path: tun's `__tun_wake_queue` (from a read), veth's `veth_poll`.
+    Reader = 1,
+    /// vhost-net's batched take: `tun_wake_queue`.
+    Vhost = 2,
+    /// Attach, TUNSETIFF, resize: `tun_force_wake_queue`.
+    Forced = 3,
+    /// The driver's re-check right after it stopped the queue: `tun_net_xmit`.
+    Recheck = 4,
+    /// None of the above on the stack.
+    Other = 5,
+}
+
+impl WakeClass {
+    #[must_use]
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Reader,
+            2 => Self::Vhost,
+            3 => Self::Forced,
+            4 => Self::Recheck,
+            5 => Self::Other,
+            _ => return None,
+        })
+    }
+}
+
+/// A kernel function that classifies the wakes it calls into (directly or further down).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct WakeRange {
+    pub range: TextRange,
+    /// A [`WakeClass`] value.
+    pub class: u32,
+    pub reserved: u32,
+}
+
+/// Where a tun/tap's `ptr_ring` is and how to read it: offsets from BTF (vmlinux, or the
+/// tun module's split BTF where tun is a module).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingFacts {
+    /// 1 when every offset below was found; the programs sample nothing otherwise.
+    pub known: u32,
+    /// `netdev_priv(dev) - dev`: `offsetof(struct net_device, priv)` where the flexible
+    /// array exists (6.12+), else `ALIGN(sizeof(struct net_device), NETDEV_ALIGN)`.
+    pub dev_priv: u32,
+    /// `offsetof(struct tun_struct, tfiles)` (an array of `struct tun_file *`).
+    pub tun_tfiles: u32,
+    /// `offsetof(struct tun_struct, dev)`: must point back at the device.
+    pub tun_dev: u32,
+    /// `offsetof(struct tun_file, tx_ring)`.
+    pub tfile_tx_ring: u32,
+    /// The part of `struct ptr_ring` read in one go: from `span_start` for `span_len`
+    /// bytes, which covers the four fields below (offsets within the ring).
+    pub span_start: u32,
+    pub span_len: u32,
+    pub producer: u32,
+    pub consumer_head: u32,
+    pub size: u32,
+    pub queue: u32,
+    pub reserved: u32,
 }
 
 /// What the programs need to know about the running kernel, read from its BTF and kallsyms
@@ -42,6 +110,13 @@ pub struct KernelFacts {
     pub drv_xoff_mask: u32,
     /// `offsetof(struct task_struct, nvcsw)` (an `unsigned long`).
     pub task_nvcsw: u32,
+    /// `offsetof(struct sk_buff, next)`: how a bulk dequeue chains its packets.
+    pub skb_next: u32,
+    /// Number of valid entries in `wake_ranges`.
+    pub wake_range_count: u32,
+    /// The functions that classify a wake, by where they are on its stack.
+    pub wake_ranges: [WakeRange; MAX_WAKE_RANGES],
+    pub ring: RingFacts,
     /// Number of valid entries in `reader_ranges`.
     pub reader_range_count: u32,
     /// Kernel functions from which `consume_skb` means "the tap reader took this packet".

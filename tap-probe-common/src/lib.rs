@@ -12,25 +12,29 @@ mod facts;
 mod maps;
 mod names;
 
-pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Source, Unit};
+pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Requires, Source, Unit};
 pub use events::{EVENTS_RING_BYTES, EventKind, TraceEvent};
-pub use facts::{KernelFacts, TextRange};
+pub use facts::{KernelFacts, RingFacts, TextRange, WakeClass, WakeRange};
 pub use maps::{
-    DROP_REASON_XMIT_ERROR, DeviceCache, DeviceKey, DeviceSlot, DropKey, InFlight, MAX_DEVICES,
-    MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, MAX_READER_RANGES, ReaderState,
+    DEVICE_TUN, DROP_REASON_XMIT_ERROR, Dequeued, DeviceCache, DeviceKey, DeviceSlot, DirectXmit,
+    DirectXmitFrame, DropKey, InFlight, MAX_BULK, MAX_DEVICES, MAX_DIRECT_XMIT_DEPTH,
+    MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, MAX_READER_RANGES, MAX_WAKE_RANGES,
+    OCCUPANCY_BUCKETS, ReaderState, RingSamples, WAKE_STACK_DEPTH,
 };
 pub use names::{
-    GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SLOW_CONSUMER_NS, MAP_COUNTERS, MAP_DEVICES,
-    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE, MAP_READERS,
-    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_SLOW_CONSUMER,
-    PROG_START_XMIT, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+    GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SLOW_CONSUMER_NS, MAP_COUNTERS, MAP_DEQUEUED,
+    MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_OCCUPANCY,
+    MAP_QUEUE_STATE, MAP_READERS, MAP_SETTINGS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB,
+    PROG_DEQUEUE_PAIRS, PROG_DIRECT_XMIT_ENTRY, PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB,
+    PROG_QDISC_DEQUEUE, PROG_SLOW_CONSUMER, PROG_START_XMIT, PROG_WAKE_ENTRY, PROG_XMIT,
+    PROG_XMIT_ENTRY, PROG_XMIT_RETURN, SETTING_COUNT, SETTING_WAKE_EVENTS,
 };
 
 #[cfg(feature = "user")]
 mod pod {
     use super::{
-        DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, QueueCounters, ReaderState,
-        TraceEvent,
+        Dequeued, DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, QueueCounters,
+        ReaderState, RingSamples, TraceEvent,
     };
 
     // SAFETY: all are `#[repr(C)]`, made of integers, with no implicit padding.
@@ -42,4 +46,6 @@ mod pod {
     unsafe impl aya::Pod for ReaderState {}
     unsafe impl aya::Pod for KernelFacts {}
     unsafe impl aya::Pod for TraceEvent {}
+    unsafe impl aya::Pod for RingSamples {}
+    unsafe impl aya::Pod for Dequeued {}
 }

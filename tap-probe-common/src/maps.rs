@@ -12,6 +12,24 @@ pub const MAX_DEVICES: u32 = 1024;
 pub const MAX_DROP_KEYS: u32 = 8192;
 /// Address ranges of the kernel functions that free an skb after the tap reader copied it.
 pub const MAX_READER_RANGES: usize = 8;
+/// Address ranges of the kernel functions that classify a queue wake.
+pub const MAX_WAKE_RANGES: usize = 12;
+/// Frames of a wake's stack the programs look at: the probed function, its caller and the
+/// callers above, far enough to see vhost-net's `tun_wake_queue` above `__tun_wake_queue`.
+pub const WAKE_STACK_DEPTH: usize = 6;
+/// Packets of one dequeue the programs follow to the driver. A qdisc bulk-dequeues at most
+/// 1 + 8 packets for a device without byte queue limits (`try_bulk_dequeue_skb_slow` in
+/// `net/sched/sch_generic.c`; tun, tap and veth have none); beyond that the rest are not
+/// followed (see `Dequeued::unfollowed`).
+pub const MAX_BULK: usize = 9;
+/// Nested `sch_direct_xmit` calls followed per CPU (a device stacked on a device).
+pub const MAX_DIRECT_XMIT_DEPTH: usize = 4;
+/// Buckets of the ring occupancy histogram: bucket 0 holds 0, bucket `k` holds
+/// `2^(k-1) ..= 2^k - 1`, the last one everything from `2^(OCCUPANCY_BUCKETS - 2)` up.
+pub const OCCUPANCY_BUCKETS: usize = 18;
+
+/// `DeviceSlot::flags`: the device is a tun/tap, whose `ptr_ring` the programs sample.
+pub const DEVICE_TUN: u32 = 1;
 
 /// A network device as the kernel names it across namespaces: the inode number of its
 /// network namespace (what `/proc/PID/ns/net` shows) and its ifindex there.
@@ -28,6 +46,9 @@ pub struct DeviceKey {
 pub struct DeviceSlot {
     pub base: u32,
     pub queues: u32,
+    /// [`DEVICE_TUN`] or 0.
+    pub flags: u32,
+    pub reserved: u32,
 }
 
 /// The last reader of a queue, at its last take: whose voluntary context switches to
@@ -67,6 +88,9 @@ pub struct InFlight {
     pub queue: u16,
     /// Set once `kfree_skb` saw this skb freed inside the driver.
     pub dropped: u16,
+    /// `DeviceCache::flags` of the device.
+    pub flags: u32,
+    pub reserved: u32,
 }
 
 /// The last device a CPU looked up, so consecutive packets of one device skip the hash
@@ -81,4 +105,59 @@ pub struct DeviceCache {
     pub base: u32,
     /// 0 when the device is not tracked (a negative entry).
     pub queues: u32,
+    /// `DeviceSlot::flags`, with [`DEVICE_TUN`] cleared when the device's private area does
+    /// not point back at it (checked once per fill).
+    pub flags: u32,
+    pub reserved: u32,
+}
+
+/// Samples of one queue's ring occupancy on one CPU, since tracking began.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingSamples {
+    /// When the latest sample was taken (`bpf_ktime_get_ns`); 0 before the first.
+    pub ts_ns: u64,
+    /// The latest sample.
+    pub current: u64,
+    pub max: u64,
+    pub count: u64,
+    pub sum: u64,
+    /// See [`OCCUPANCY_BUCKETS`].
+    pub buckets: [u64; OCCUPANCY_BUCKETS],
+}
+
+/// The packets of a queue's last dequeue (`qdisc:qdisc_dequeue`), followed to the driver:
+/// those that never reached it before the queue's next dequeue were put back. Shared
+/// between CPUs without atomics: a queue's dequeues and driver calls run under its qdisc's
+/// running state.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dequeued {
+    /// Packets dequeued together; 0 when none is being followed.
+    pub packets: u32,
+    /// How many of `skbs`, in order, reached a driver call.
+    pub seen: u32,
+    pub skbs: [u64; MAX_BULK],
+}
+
+/// An `sch_direct_xmit` in progress on a CPU: where its packets go, how many it was handed,
+/// and this CPU's driver calls when it began.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DirectXmitFrame {
+    /// `u32::MAX` when the device is not tracked.
+    pub slot: u32,
+    pub packets: u32,
+    pub calls: u64,
+}
+
+/// A CPU's `sch_direct_xmit` calls in progress, innermost last, and its driver calls.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct DirectXmit {
+    /// Driver calls of tracked devices begun on this CPU.
+    pub calls: u64,
+    pub depth: u32,
+    pub reserved: u32,
+    pub frames: [DirectXmitFrame; MAX_DIRECT_XMIT_DEPTH],
 }

@@ -32,3 +32,25 @@ pub const PROG_CONSUME_ENTRY: &str = "consume_entry";
 
 /// Bumped by the loader after every change to `DEVICES`: invalidates `DeviceCache`s.
 pub const MAP_GENERATION: &str = "GENERATION";
+
+/// Ring occupancy samples per queue slot, per CPU.
+pub const MAP_OCCUPANCY: &str = "OCCUPANCY";
+/// Each queue's last dequeue, followed to the driver (the tracepoint source of
+/// `requeued_stopped`).
+pub const MAP_DEQUEUED: &str = "DEQUEUED";
+/// Switches the loader sets after attaching, indexed by `SETTING_*`.
+pub const MAP_SETTINGS: &str = "SETTINGS";
+/// `SETTINGS[SETTING_WAKE_EVENTS] = 1`: the wake kprobe records `QueueWake` events at the
+/// wake itself, so the queue state observers record none.
+pub const SETTING_WAKE_EVENTS: u32 = 0;
+/// Entries of `SETTINGS`.
+pub const SETTING_COUNT: u32 = 1;
+
+/// The kprobe source of `requeued_stopped`: entry and return of `sch_direct_xmit`.
+pub const PROG_DIRECT_XMIT_ENTRY: &str = "direct_xmit_entry";
+pub const PROG_DIRECT_XMIT_RETURN: &str = "direct_xmit_return";
+/// The tracepoint source of `requeued_stopped`: each queue's dequeues, followed to the
+/// driver.
+pub const PROG_DEQUEUE_PAIRS: (&str, &str) = ("dequeue_pairs", "qdisc_dequeue");
+/// Wakes by their caller: a kprobe on `netif_tx_wake_queue`.
+pub const PROG_WAKE_ENTRY: &str = "wake_entry";

@@ -43,6 +43,7 @@ fn freed_after_use(skb: u64, location: u64) {
         c.reader_sleeps += reader_sleeps_since_last_take(at.slot);
         record(at, EventKind::Consumed, 0);
     }
+    crate::ring::sample(dev, at);
 }
 
 /// Called in the reader's context at each take: how many times the current thread slept

@@ -5,7 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
-use tap_probe_common::{DeviceCache, DeviceKey, DeviceSlot, MAX_DEVICES};
+use tap_probe_common::{DEVICE_TUN, DeviceCache, DeviceKey, DeviceSlot, MAX_DEVICES};
 
 use crate::facts::{fact, read};
 
@@ -25,6 +25,8 @@ pub(crate) struct At {
     pub(crate) key: DeviceKey,
     pub(crate) slot: u32,
     pub(crate) queue: u16,
+    /// `DeviceCache::flags`.
+    pub(crate) flags: u32,
 }
 
 /// The tracked device at `dev`, through this CPU's one-entry cache.
@@ -48,9 +50,25 @@ fn device(dev: u64) -> Option<DeviceCache> {
             key,
             base: slot.base,
             queues: slot.queues,
+            flags: slot.flags & tun_checked(dev, slot.flags),
+            reserved: 0,
         };
     }
     (cache.queues != 0).then_some(*cache)
+}
+
+/// `slot_flags` without [`DEVICE_TUN`] unless the device's private area is a `tun_struct`
+/// that points back at `dev`: a wrong offset never leads the ring samples astray.
+#[inline(always)]
+fn tun_checked(dev: u64, slot_flags: u32) -> u32 {
+    if slot_flags & DEVICE_TUN == 0 || fact!(ring.known) == 0 {
+        return !DEVICE_TUN;
+    }
+    let tun = dev + u64::from(fact!(ring.dev_priv));
+    match read::<u64>(tun, fact!(ring.tun_dev)) {
+        Some(back) if back == dev => u32::MAX,
+        _ => !DEVICE_TUN,
+    }
 }
 
 /// Where `queue` of the `net_device` at `dev` is counted, if that device is tracked.
@@ -62,5 +80,6 @@ pub(crate) fn locate(dev: u64, queue: u16) -> Option<At> {
         key: d.key,
         slot: d.base + u32::from(queue),
         queue,
+        flags: d.flags,
     })
 }

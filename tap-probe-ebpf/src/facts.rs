@@ -11,8 +11,8 @@ pub(crate) static KERNEL: KernelFacts = unsafe { core::mem::zeroed() };
 
 /// One field of [`KERNEL`].
 macro_rules! fact {
-    ($field:ident) => {
-        unsafe { core::ptr::read_volatile(&raw const $crate::facts::KERNEL.$field) }
+    ($($field:ident).+) => {
+        unsafe { core::ptr::read_volatile(&raw const $crate::facts::KERNEL.$($field).+) }
     };
 }
 pub(crate) use fact;

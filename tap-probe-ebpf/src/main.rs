@@ -5,7 +5,9 @@
 //! the kernel's BTF, one hash lookup on a 64-bit key, and plain increments of per-CPU memory.
 //! Each concern is a module: which devices are tracked and where their queues are counted
 //! (`device`), the counters (`counters`), driver calls and drops (`transmit`), reader takes
-//! (`consume`), the queue's stop state (`queue_state`), and per-packet events (`events`).
+//! (`consume`), the queue's stop state (`queue_state`), packets put back by a stopped queue
+//! (`requeue`), wakes by their caller (`wake`), the ring's occupancy (`ring`), and
+//! per-packet events (`events`).
 #![no_std]
 #![no_main]
 #![expect(
@@ -24,7 +26,10 @@ mod device;
 mod events;
 mod facts;
 mod queue_state;
+mod requeue;
+mod ring;
 mod transmit;
+mod wake;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -49,7 +49,10 @@ pub(crate) fn observe_queue(txq: u64, at: At) {
         unsafe { *seen = 0 };
         c.queue_wakes += 1;
         c.stopped_ns += now.saturating_sub(since & !1);
-        record(at, EventKind::QueueWake, 0);
+        // Where the wake kprobe runs, it records the wake itself, at the moment it happens.
+        if !crate::wake::records_wakes() {
+            record(at, EventKind::QueueWake, 0);
+        }
     }
 }
 
@@ -60,6 +63,18 @@ pub(crate) fn txq_of(dev: u64, queue: u16) -> Option<u64> {
     Some(tx + u64::from(queue) * u64::from(fact!(txq_size)))
 }
 
+/// The index of the `netdev_queue` at `txq` among the transmit queues of the `net_device`
+/// at `dev`.
+#[inline(always)]
+pub(crate) fn queue_index(dev: u64, txq: u64) -> Option<u16> {
+    let tx = read::<u64>(dev, fact!(dev_tx))?;
+    let size = u64::from(fact!(txq_size));
+    if size == 0 || txq < tx {
+        return None;
+    }
+    u16::try_from((txq - tx) / size).ok()
+}
+
 /// `qdisc_dequeue(qdisc, txq, packets, skb)`: the qdisc looks at the queue; a wake shows
 /// here first, since `netif_tx_wake_queue` reschedules the qdisc.
 #[raw_tracepoint(tracepoint = "qdisc_dequeue")]
@@ -68,14 +83,7 @@ pub(crate) fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
     let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else {
         return 0;
     };
-    let Some(tx) = read::<u64>(dev, fact!(dev_tx)) else {
-        return 0;
-    };
-    let size = u64::from(fact!(txq_size));
-    if size == 0 || txq < tx {
-        return 0;
-    }
-    let Ok(queue) = u16::try_from((txq - tx) / size) else {
+    let Some(queue) = queue_index(dev, txq) else {
         return 0;
     };
     if let Some(at) = locate(dev, queue) {

@@ -48,8 +48,11 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
             slot: at.slot,
             queue,
             dropped: 0,
+            flags: at.flags,
+            reserved: 0,
         };
     }
+    crate::requeue::driver_call(at.slot, skb);
 }
 
 /// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
@@ -94,6 +97,7 @@ pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
         key: f.key,
         slot: f.slot,
         queue: f.queue,
+        flags: f.flags,
     };
     let Some(c) = counters(at.slot) else {
         return 0;
@@ -127,10 +131,16 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         slot,
         queue,
         dropped,
+        flags,
         ..
     } = *f;
     f.skb = 0;
-    let at = At { key, slot, queue };
+    let at = At {
+        key,
+        slot,
+        queue,
+        flags,
+    };
     let Some(c) = counters(slot) else {
         return;
     };
@@ -158,6 +168,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
     if let Some(txq) = txq_of(dev, queue) {
         observe_queue(txq, at);
     }
+    crate::ring::sample(dev, at);
 }
 
 /// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.

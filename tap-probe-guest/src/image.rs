@@ -232,6 +232,9 @@ must mount -t proc proc /proc
 must mount -t sysfs sysfs /sys
 must mount -t devtmpfs devtmpfs /dev
 must mount -t tmpfs tmpfs /run
+# Pseudo-terminals (openpty): tests drive watch on one.
+must mkdir -p /dev/pts
+must mount -t devpts -o ptmxmode=0666 devpts /dev/pts
 # No tmpfs on /tmp: the initramfs root is in memory already, and payloads may expect files at
 # host paths that lie under /tmp.
 must mount -t tracefs tracefs /sys/kernel/tracing

@@ -131,6 +131,7 @@ pub(crate) enum QdiscArg {
     Noqueue,
     PfifoFast,
     Pfifo,
+    /// `fq_codel` (the default of most distributions; a module or absent on some kernels).
     FqCodel,
 }
 

@@ -63,6 +63,12 @@ fn per_queue_consumed_matches_each_readers_count() {
         let rows = w.refresh().unwrap().rows;
         eprintln!("{backend:?}: reads {reads:?} drained {drained:?}\n{rows:#?}");
         assert_eq!(rows.len(), 2, "{backend:?}");
+        if !common::exact(*backend, w) {
+            for (q, row) in rows.into_iter().enumerate() {
+                per_queue[q].push((*backend, row));
+            }
+            continue;
+        }
         for (q, row) in rows.iter().enumerate() {
             assert_eq!(row.queue as usize, q);
             assert_eq!(
@@ -94,7 +100,7 @@ fn per_queue_consumed_matches_each_readers_count() {
         }
     }
     for rows in &per_queue {
-        common::assert_backends_agree(rows);
+        common::assert_backends_agree(rows, &watchers);
     }
     drop(watchers);
     drop(tap);

@@ -110,15 +110,87 @@ fn json_lines_carry_every_field() {
             "stopped_ns",
             "reader_sleeps",
             "wakeups_per_packet",
+            "requeued_stopped",
+            "wakes_reader",
+            "wakes_vhost",
+            "wakes_forced",
+            "wakes_other",
+            "wakes_recheck",
+            "stuck",
+            "ring_occupancy",
+            "backpressure",
         ] {
             assert!(row.get(field).is_some(), "missing {field} in {row}");
         }
+        // A tap's flag and ring are known on every backend.
+        assert!(row["backpressure"].is_boolean(), "{row}");
+        assert!(row["ring_occupancy"]["histogram"].is_array(), "{row}");
+        assert!(row["stuck"].is_boolean(), "{row}");
+        // Wakes by source need the wake kprobe: numbers with it, null without.
+        let wakes_known = line["sources"]["wakes"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("kprobe"));
+        assert_eq!(row["wakes_reader"].is_u64(), wakes_known, "{row}");
         assert_eq!(row["ifname"], "tpj0");
         assert_eq!(row["kind"], "tap");
         assert!(row["kernel"]["tx_packets"].is_u64());
         assert!(row["kernel"]["tx_dropped"].is_u64());
         assert_eq!(row["owner"]["pid"], std::process::id());
     }
+}
+
+/// `demo --format json` ends with one object that holds the final rows and what the
+/// load did, by the sender's and the kernel's own counts; the rows agree with the kernel.
+#[test]
+fn demo_json_ends_with_the_rows_and_the_load_report() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let out = Command::new(BIN)
+        .args([
+            "demo",
+            "--format",
+            "json",
+            "--duration",
+            "2",
+            "--interval",
+            "0.5",
+        ])
+        .args(["--qdisc", "pfifo", "--pps", "10000", "--reader-pps", "3000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is one JSON object"))
+        .collect();
+    let last = lines.last().unwrap();
+    assert_eq!(last["final"], true);
+    assert_eq!(
+        lines.iter().filter(|l| l.get("load").is_some()).count(),
+        1,
+        "only the last line carries the load report"
+    );
+    let load = &last["load"];
+    let row = &last["rows"][0];
+    let sender = &load["sender"];
+    let link = &load["drain"]["link"];
+    let qdisc = &load["drain"]["qdisc"];
+    assert_eq!(qdisc["kind"], "pfifo", "{load}");
+    assert_eq!(row["consumed"], link["tx_packets"], "{row}\n{load}");
+    assert_eq!(
+        row["dropped_full_ring"], link["tx_dropped"],
+        "{row}\n{load}"
+    );
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    assert_eq!(
+        n(&sender["attempted"]),
+        n(&link["tx_packets"]) + n(&link["tx_dropped"]) + n(&qdisc["drops"]),
+        "every frame the demo sent is accounted for: {load}"
+    );
+    assert!(n(&qdisc["requeues"]) >= n(&row["busy"]), "{row}\n{load}");
 }
 
 #[test]

@@ -31,7 +31,7 @@ impl Fix {
     /// # Errors
     /// When the kernel has none: there is nothing to compare.
     pub(crate) fn detect() -> Result<Self> {
-        if crate::os::tap::features()? & crate::os::tap::IFF_BACKPRESSURE != 0 {
+        if crate::os::tap::tun_features()? & crate::os::tap::IFF_BACKPRESSURE != 0 {
             return Ok(Self::Flag);
         }
         let kallsyms = crate::kernel::kallsyms::Kallsyms::read()?;

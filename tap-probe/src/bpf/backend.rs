@@ -8,6 +8,13 @@
 //!   is that same address.
 //! - Drops and queue state: the `kfree_skb` and `qdisc_dequeue` tracepoints, on every backend
 //!   (the drop reason exists only there).
+//! - Packets put back while the queue was stopped (`requeued_stopped`): a kprobe and
+//!   kretprobe on `sch_direct_xmit` (exact), or each queue's `qdisc_dequeue`s followed to the
+//!   driver (may be short by packets put back from the bypass of an empty qdisc).
+//! - Who woke the queue: a kprobe on `netif_tx_wake_queue` and its caller's stack; without
+//!   kprobes only the wakes themselves are seen (the queue state).
+//! - Ring occupancy: read by the driver-call and reader-take programs of either backend,
+//!   where BTF says where the tap's `ptr_ring` is.
 //!
 //! fentry/fexit would be cheaper than kprobes, but tun is a module on most distributions and
 //! aya 0.14 loads fentry programs only against vmlinux's BTF, not a module's
@@ -15,11 +22,13 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use aya::Ebpf;
+use aya::maps::{Array, MapData};
 use aya::programs::{KProbe, RawTracePoint};
 use serde::Serialize;
 use tap_probe_common::{
-    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT,
-    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+    MAP_SETTINGS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS, PROG_DIRECT_XMIT_ENTRY,
+    PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_WAKE_ENTRY,
+    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, SETTING_WAKE_EVENTS,
 };
 
 use crate::kernel::KernelInfo;
@@ -33,7 +42,8 @@ const XMIT_FUNCTIONS: [&str; 3] = ["tun_net_xmit", "veth_xmit", "macvlan_start_x
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
-    /// fentry, then kprobe, then tracepoints, counter by counter.
+    /// Counter by counter, the tracepoints where they exist (cheaper, and never skipped
+    /// for running inside another program), then kprobes where only kprobes can see it.
     #[default]
     Auto,
     Fentry,
@@ -54,8 +64,51 @@ pub struct Sources {
     pub(crate) xmit: Xmit,
     /// Reader takes: `consumed`, `reader_sleeps`.
     pub(crate) consumed: Consume,
+    /// Packets put back while the queue was stopped: `requeued_stopped`.
+    pub(crate) requeues: Requeues,
+    /// Who woke the queue: `wakes_reader`, `wakes_vhost`, `wakes_forced`, `wakes_other`,
+    /// `wakes_recheck`.
+    pub(crate) wakes: Wakes,
+    /// `ring_occupancy`.
+    pub(crate) ring: Ring,
     /// Why a preferred source was not used.
     pub(crate) notes: Vec<String>,
+}
+
+/// Where packets put back by a stopped queue are seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Requeues {
+    /// A kprobe and a kretprobe on `sch_direct_xmit`: every requeue without a driver call.
+    Kprobes,
+    /// `qdisc:qdisc_dequeue`, each dequeue followed to the driver: blind to a packet put
+    /// back from the bypass of an empty qdisc, which was never dequeued.
+    DequeuePairs,
+}
+
+impl Requeues {
+    /// Whether `requeued_stopped` may miss some (and by what).
+    #[must_use]
+    pub(crate) fn may_be_short(self) -> bool {
+        self == Self::DequeuePairs
+    }
+}
+
+/// Where wakes are told apart by who woke the queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Wakes {
+    /// A kprobe on `netif_tx_wake_queue`; its stack is matched against these functions.
+    Callers(Vec<String>),
+    /// Only the `DRV_XOFF` transitions (`queue_wakes`): who woke is unknown.
+    Inferred,
+}
+
+/// Where ring occupancy comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Ring {
+    /// The tap's `ptr_ring`, read at offsets from this BTF file.
+    Sampled(String),
+    /// Not sampled, and why.
+    Unavailable(String),
 }
 
 /// Where driver calls are seen.
@@ -78,6 +131,10 @@ pub(crate) enum Consume {
 
 /// Drops: the only source of the drop reason.
 const DROPS: &str = "tracepoint skb:kfree_skb";
+/// The function every wake goes through.
+const WAKE_FUNCTION: &str = "netif_tx_wake_queue";
+/// The qdisc's transmit of dequeued (or bypassing) packets, which puts them back.
+const DIRECT_XMIT_FUNCTION: &str = "sch_direct_xmit";
 /// The queue state: read where it changes or shows.
 const QUEUE_STATE: &str = "after each driver call, and tracepoint qdisc:qdisc_dequeue";
 
@@ -101,41 +158,120 @@ impl std::fmt::Display for Consume {
     }
 }
 
+impl std::fmt::Display for Requeues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Kprobes => "kprobe+kretprobe sch_direct_xmit",
+            Self::DequeuePairs => {
+                "tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass \
+                 requeues)"
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Wakes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Callers(functions) if functions.is_empty() => {
+                write!(
+                    f,
+                    "kprobe {WAKE_FUNCTION} (no known waker in kallsyms: all other)"
+                )
+            }
+            Self::Callers(functions) => write!(
+                f,
+                "kprobe {WAKE_FUNCTION}, by caller: {}",
+                functions.join(", ")
+            ),
+            Self::Inferred => f.write_str(
+                "not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)",
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sampled(btf) => write!(
+                f,
+                "ptr_ring read at each driver call and reader take (offsets from {btf})"
+            ),
+            Self::Unavailable(why) => write!(f, "not sampled: {why}"),
+        }
+    }
+}
+
 impl Sources {
+    /// Whether `requeued_stopped` may miss packets put back from a qdisc's bypass (the
+    /// tracepoint source); where it may not, `busy + requeued_stopped` is every requeue.
+    #[must_use]
+    pub fn requeues_may_be_short(&self) -> bool {
+        self.requeues.may_be_short()
+    }
+
+    /// Whether wakes are told apart by who woke the queue (`wakes_*`).
+    #[must_use]
+    pub fn wakes_by_source(&self) -> bool {
+        matches!(self.wakes, Wakes::Callers(_))
+    }
+
+    /// Whether the ring occupancy is sampled (on tun/tap devices).
+    #[must_use]
+    pub fn ring_sampled(&self) -> bool {
+        matches!(self.ring, Ring::Sampled(_))
+    }
+
     /// The kind of hook behind each group of counters, in a few words: the trace header's
     /// record of what produced the events.
     #[must_use]
     pub(crate) fn hooks(&self) -> String {
-        let xmit = match self.xmit {
-            Xmit::Kprobes(_) => "kprobe",
-            Xmit::Tracepoints => "tracepoint",
-        };
-        let consumed = match self.consumed {
-            Consume::Kprobe => "kprobe",
-            Consume::Tracepoint => "tracepoint",
-        };
-        format!("xmit={xmit}, consumed={consumed}, drops=tracepoint, queue_state=tracepoint")
+        let kind = |kprobe: bool| if kprobe { "kprobe" } else { "tracepoint" };
+        format!(
+            "xmit={}, consumed={}, drops=tracepoint, queue_state=tracepoint, requeues={}, \
+             wakes={}",
+            kind(matches!(self.xmit, Xmit::Kprobes(_))),
+            kind(self.consumed == Consume::Kprobe),
+            kind(self.requeues == Requeues::Kprobes),
+            if matches!(self.wakes, Wakes::Callers(_)) {
+                "kprobe"
+            } else {
+                "inferred"
+            },
+        )
     }
 
-    /// Each group of counters and its source, in the order the JSON has them.
+    /// Each group of counters: its JSON key, what it counts, and its source, in the order
+    /// the JSON has them.
     #[must_use]
-    pub(crate) fn groups(&self) -> [(&'static str, String); 4] {
+    pub(crate) fn groups(&self) -> [(&'static str, &'static str, String); 7] {
         [
-            ("xmit", self.xmit.to_string()),
-            ("drops", DROPS.to_owned()),
-            ("consumed", self.consumed.to_string()),
-            ("queue_state", QUEUE_STATE.to_owned()),
+            ("xmit", "driver calls", self.xmit.to_string()),
+            ("drops", "drops", DROPS.to_owned()),
+            ("consumed", "reader takes", self.consumed.to_string()),
+            ("queue_state", "queue state", QUEUE_STATE.to_owned()),
+            (
+                "requeued_stopped",
+                "requeues while stopped",
+                self.requeues.to_string(),
+            ),
+            ("wakes", "wakes by source", self.wakes.to_string()),
+            ("ring_occupancy", "ring occupancy", self.ring.to_string()),
         ]
     }
 }
 
 impl std::fmt::Display for Sources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "xmit: {}; drops: {DROPS}; consumed: {}; queue state: {QUEUE_STATE}",
-            self.xmit, self.consumed
-        )
+        let groups = self.groups();
+        for (i, (_, what, source)) in groups.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{what}: {source}")?;
+        }
+        Ok(())
     }
 }
 
@@ -143,8 +279,8 @@ impl Serialize for Sources {
     /// Each group's source as text, then the notes.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = serializer.serialize_struct("Sources", 5)?;
-        for (group, source) in self.groups() {
+        let mut st = serializer.serialize_struct("Sources", 8)?;
+        for (group, _, source) in self.groups() {
             st.serialize_field(group, &source)?;
         }
         st.serialize_field("notes", &self.notes)?;
@@ -157,6 +293,10 @@ impl Serialize for Sources {
 ///
 /// # Errors
 /// When a forced backend cannot attach, or no source at all works for a counter.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one decision per counter group, in the order the sources depend on each other"
+)]
 pub(crate) fn attach(
     ebpf: &mut Ebpf,
     backend: Backend,
@@ -174,42 +314,186 @@ pub(crate) fn attach(
     attach_raw(ebpf, PROG_KFREE_SKB)?;
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
 
-    let xmit = match kprobes.then(|| attach_xmit_kprobes(ebpf, &kernel.kallsyms)) {
-        Some(Ok(functions)) => Xmit::Kprobes(functions),
+    // Driver calls and reader takes: the tracepoints first under auto. A kprobe does not
+    // fire while another kprobe's handler runs on its CPU (`kprobe_running()`,
+    // kernel/kprobes.c), and a kprobe program is skipped while another kprobe or perf-event
+    // program runs (`bpf_prog_active`, kernel/trace/bpf_trace.c): a softirq that runs on an
+    // interrupt's exit in the middle of a process-context kprobe program loses every driver
+    // call it makes. A raw tracepoint program only ever skips itself.
+    let xmit = match backend {
+        Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?),
+        Backend::Tracepoint => {
+            attach_xmit_tracepoints(ebpf)?;
+            Xmit::Tracepoints
+        }
+        Backend::Auto | Backend::Fentry => match attach_xmit_tracepoints(ebpf) {
+            Ok(()) => Xmit::Tracepoints,
+            Err(err) => {
+                notes.push(format!("xmit tracepoints: {err:#}"));
+                Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?)
+            }
+        },
+    };
+
+    let no_location = || {
+        anyhow!(
+            "the consume_skb tracepoint has no location argument (Linux < 6.3), so it cannot \
+             tell a reader's take from any other free"
+        )
+    };
+    let consume_tracepoint = |ebpf: &mut Ebpf| {
+        if kernel.consume_has_location {
+            attach_raw(ebpf, PROG_CONSUME_SKB)
+        } else {
+            Err(no_location())
+        }
+    };
+    let consume_kprobe =
+        |ebpf: &mut Ebpf| attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
+    // Even the kprobe backend takes the reader's takes from the tracepoint where it can
+    // (6.3+): a kprobe handler running in the reader's process context, right after the
+    // reader woke the queue and so raised NET_TX, is where an interrupt's exit runs the
+    // queue's drain, and every kprobe of that drain then does not fire (`kprobe_running()`,
+    // kernel/kprobes.c): whole drains of driver calls went uncounted (64 at a time on 6.12
+    // and 7.3), and the kernel reports that miss only for kprobes with a BPF link, which
+    // aya's perf attach does not make. Where the tracepoint cannot tell a take (before
+    // 6.3) the kprobe it is, and the kernel's tun never wakes a queue there.
+    let consumed = match backend {
+        Backend::Kprobe if kernel.consume_has_location => {
+            consume_tracepoint(ebpf)?;
+            notes.push(
+                "consume kprobe: not used where the consume_skb tracepoint has its location: \
+                 a kprobe in the reader's context makes the kernel skip the driver-call \
+                 kprobes of a queue drain run inside it"
+                    .to_owned(),
+            );
+            Consume::Tracepoint
+        }
+        Backend::Kprobe => {
+            consume_kprobe(ebpf)?;
+            Consume::Kprobe
+        }
+        Backend::Tracepoint => {
+            consume_tracepoint(ebpf).context("nothing can count reader takes with tracepoints")?;
+            Consume::Tracepoint
+        }
+        Backend::Auto | Backend::Fentry => match consume_tracepoint(ebpf) {
+            Ok(()) => Consume::Tracepoint,
+            Err(err) => {
+                notes.push(format!("consume tracepoint: {err:#}"));
+                consume_kprobe(ebpf).context(
+                    "nothing can count reader takes here: the consume_skb kprobe does not \
+                     attach either",
+                )?;
+                Consume::Kprobe
+            }
+        },
+    };
+
+    let requeues = match kprobes.then(|| attach_direct_xmit(ebpf, &kernel.kallsyms)) {
+        Some(Ok(())) => Requeues::Kprobes,
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
             if let Some(Err(err)) = failed {
-                notes.push(format!("xmit kprobes: {err:#}"));
+                notes.push(format!("requeue kprobes: {err:#}"));
             }
-            attach_raw(ebpf, PROG_XMIT)?;
-            attach_raw(ebpf, PROG_START_XMIT)?;
-            Xmit::Tracepoints
+            attach_raw(ebpf, PROG_DEQUEUE_PAIRS)?;
+            Requeues::DequeuePairs
         }
     };
 
-    let consume_kprobe = || attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
-    let consumed = match kprobes.then(consume_kprobe) {
-        Some(Ok(())) => Consume::Kprobe,
+    let wakes = match kprobes.then(|| attach_wake(ebpf, kernel)) {
+        Some(Ok(functions)) => Wakes::Callers(functions),
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
             if let Some(Err(err)) = failed {
-                notes.push(format!("consume kprobe: {err:#}"));
+                notes.push(format!("wake kprobe: {err:#}"));
             }
-            if !kernel.consume_has_location {
-                bail!(
-                    "nothing can count reader takes here: kprobes do not attach and the \
-                     consume_skb tracepoint has no location argument (Linux < 6.3)"
-                );
-            }
-            attach_raw(ebpf, PROG_CONSUME_SKB)?;
-            Consume::Tracepoint
+            Wakes::Inferred
         }
+    };
+
+    let ring = match &kernel.ring_facts {
+        Ok(btf) => Ring::Sampled(btf.clone()),
+        Err(why) => Ring::Unavailable(why.clone()),
     };
     Ok(Sources {
         xmit,
         consumed,
+        requeues,
+        wakes,
+        ring,
         notes,
     })
+}
+
+/// The kretprobe, then the kprobe, on `sch_direct_xmit` (so every recorded entry meets
+/// its return).
+fn attach_direct_xmit(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<()> {
+    require_kprobes()?;
+    if !kallsyms.has(DIRECT_XMIT_FUNCTION) {
+        bail!("{DIRECT_XMIT_FUNCTION} is not in /proc/kallsyms");
+    }
+    attach_kprobe(ebpf, PROG_DIRECT_XMIT_RETURN, DIRECT_XMIT_FUNCTION, true)?;
+    attach_kprobe(ebpf, PROG_DIRECT_XMIT_ENTRY, DIRECT_XMIT_FUNCTION, false)
+}
+
+/// The kprobe on `netif_tx_wake_queue`; from then on it records the wake events (see
+/// `SETTING_WAKE_EVENTS`). Returns the wakers it tells apart.
+fn attach_wake(ebpf: &mut Ebpf, kernel: &KernelInfo) -> anyhow::Result<Vec<String>> {
+    require_kprobes()?;
+    if !kernel.kallsyms.has(WAKE_FUNCTION) {
+        bail!("{WAKE_FUNCTION} is not in /proc/kallsyms");
+    }
+    attach_kprobe(ebpf, PROG_WAKE_ENTRY, WAKE_FUNCTION, false)?;
+    let mut settings: Array<&mut MapData, u32> = Array::try_from(
+        ebpf.map_mut(MAP_SETTINGS)
+            .ok_or_else(|| anyhow!("map {MAP_SETTINGS} missing from the eBPF object"))?,
+    )?;
+    settings.set(SETTING_WAKE_EVENTS, 1, 0)?;
+    // One name per function and class: `.cold` parts and clones are the same function.
+    let mut functions: Vec<String> = Vec::new();
+    for (range, class) in &kernel.wake_ranges {
+        let base = range.name.split('.').next().unwrap_or(&range.name);
+        let name = format!("{base} ({})", wake_class_name(*class));
+        if !functions.contains(&name) {
+            functions.push(name);
+        }
+    }
+    Ok(functions)
+}
+
+/// The counter a wake of `class` lands in, without its `wakes_` prefix.
+#[must_use]
+pub(crate) fn wake_class_name(class: tap_probe_common::WakeClass) -> &'static str {
+    use tap_probe_common::WakeClass;
+    match class {
+        WakeClass::Reader => "reader",
+        WakeClass::Vhost => "vhost",
+        WakeClass::Forced => "forced",
+        WakeClass::Recheck => "recheck",
+        WakeClass::Other => "other",
+    }
+}
+
+/// Whether this kernel has kprobes (the perf event source aya attaches them through).
+#[must_use]
+pub(crate) fn has_kprobes() -> bool {
+    std::path::Path::new(KPROBE_PMU).exists()
+}
+
+fn require_kprobes() -> anyhow::Result<()> {
+    if has_kprobes() {
+        Ok(())
+    } else {
+        bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)")
+    }
+}
+
+/// The closing side of a driver call first: an opened bracket is always closed.
+fn attach_xmit_tracepoints(ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    attach_raw(ebpf, PROG_XMIT)?;
+    attach_raw(ebpf, PROG_START_XMIT)
 }
 
 fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {
@@ -229,9 +513,7 @@ fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Resu
 /// Probes the return, then the entry, of every driver transmit function present; the
 /// returns first so that every recorded entry meets its return.
 fn attach_xmit_kprobes(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<Vec<&'static str>> {
-    if !std::path::Path::new(KPROBE_PMU).exists() {
-        bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)");
-    }
+    require_kprobes()?;
     let present: Vec<&str> = XMIT_FUNCTIONS
         .into_iter()
         .filter(|f| kallsyms.has(f))
@@ -277,15 +559,26 @@ mod tests {
         let sources = Sources {
             xmit: Xmit::Kprobes(vec!["tun_net_xmit", "veth_xmit"]),
             consumed: Consume::Tracepoint,
+            requeues: Requeues::DequeuePairs,
+            wakes: Wakes::Inferred,
+            ring: Ring::Sampled("/sys/kernel/btf/tun".to_owned()),
             notes: vec!["fentry: no".to_owned()],
         };
+        // The groups that were there keep their keys and texts.
         assert_eq!(
             serde_json::to_string(&sources).unwrap(),
-            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","notes":["fentry: no"]}"#
+            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","requeued_stopped":"tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)","wakes":"not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)","ring_occupancy":"ptr_ring read at each driver call and reader take (offsets from /sys/kernel/btf/tun)","notes":["fentry: no"]}"#
         );
         assert_eq!(
             sources.hooks(),
-            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint"
+            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint, \
+             requeues=tracepoint, wakes=inferred"
+        );
+        assert!(sources.requeues.may_be_short());
+        let wakes = Wakes::Callers(vec!["__tun_wake_queue (reader)".to_owned()]);
+        assert_eq!(
+            wakes.to_string(),
+            "kprobe netif_tx_wake_queue, by caller: __tun_wake_queue (reader)"
         );
     }
 }

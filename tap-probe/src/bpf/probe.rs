@@ -13,9 +13,10 @@ use aya::{
     },
 };
 use tap_probe_common::{
-    DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS, MAP_DEVICES,
-    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_QUEUE_STATE, MAP_READERS,
-    MAX_QUEUE_SLOTS, QueueCounters, ReaderState,
+    Dequeued, DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS,
+    MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION,
+    MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS, QueueCounters,
+    ReaderState, RingSamples,
 };
 
 use crate::bpf::backend::{Backend, Sources};
@@ -43,11 +44,56 @@ pub(crate) struct ProgramStats {
 /// The size of the event ring when nothing records: one page.
 const EVENTS_RING_IDLE_BYTES: u32 = 4096;
 
+/// A queue's ring occupancy samples since tracking began, over every CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingOccupancy {
+    /// The latest sample (of whichever CPU sampled last); `None` before the first.
+    pub current: Option<u64>,
+    /// The highest sample.
+    pub max: u64,
+    pub samples: u64,
+    /// The sum of the samples (for a mean, and Prometheus' `_sum`).
+    pub sum: u64,
+    /// Samples per bucket: bucket 0 holds 0, bucket `k` holds `2^(k-1) ..= 2^k - 1`, the
+    /// last one everything above.
+    pub histogram: [u64; OCCUPANCY_BUCKETS],
+}
+
+impl RingOccupancy {
+    /// The samples of every CPU of one queue.
+    #[must_use]
+    pub(crate) fn over_cpus<'a>(cpus: impl IntoIterator<Item = &'a RingSamples>) -> Self {
+        let mut out = Self::default();
+        let mut latest = 0;
+        for s in cpus {
+            if s.count > 0 && s.ts_ns >= latest {
+                latest = s.ts_ns;
+                out.current = Some(s.current);
+            }
+            out.max = out.max.max(s.max);
+            out.samples += s.count;
+            out.sum += s.sum;
+            for (total, n) in out.histogram.iter_mut().zip(&s.buckets) {
+                *total += n;
+            }
+        }
+        out
+    }
+
+    /// The largest value bucket `k` holds, `None` for the last (unbounded) one.
+    #[must_use]
+    pub fn bucket_bound(k: usize) -> Option<u64> {
+        (k + 1 < OCCUPANCY_BUCKETS).then(|| (1u64 << k) - 1)
+    }
+}
+
 /// Counters of one device, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct DeviceCounters {
     /// One entry per transmit queue.
     pub(crate) queues: Vec<QueueCounters>,
+    /// Per queue: its ring's occupancy samples.
+    pub(crate) occupancy: Vec<RingOccupancy>,
     /// Per queue: when the queue was last seen stopped and is not yet seen woken
     /// (`CLOCK_MONOTONIC` ns), so a live display can add the running interval.
     pub(crate) stopped_since: Vec<Option<u64>>,
@@ -149,6 +195,17 @@ impl Probe {
         out
     }
 
+    /// Runs of this probe's programs the kernel skipped since they were loaded (see
+    /// [`crate::bpf::missed`]): when not 0, the counts they feed may be short.
+    pub(crate) fn missed_runs(&self) -> u64 {
+        use std::os::fd::AsFd as _;
+        self.ebpf
+            .programs()
+            .filter_map(|(_, program)| program.fd().ok())
+            .filter_map(|fd| crate::bpf::missed::recursion_misses(fd.as_fd()).ok())
+            .sum()
+    }
+
     /// Passes the programs' messages since the last call on to the log.
     pub(crate) fn flush_log(&mut self) {
         if let Some(logger) = &mut self.logger {
@@ -162,11 +219,12 @@ impl Probe {
         &self.sources
     }
 
-    /// Starts counting for a device with `queues` transmit queues, from zero.
+    /// Starts counting for a device with `queues` transmit queues, from zero; `flags` are
+    /// [`DeviceSlot::flags`] (whether its ring is sampled).
     ///
     /// # Errors
     /// When the counter map has no room left or a map update fails.
-    pub(crate) fn track(&mut self, key: DeviceKey, queues: u32) -> anyhow::Result<()> {
+    pub(crate) fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> anyhow::Result<()> {
         if self.tracked.contains_key(&key) {
             return Ok(());
         }
@@ -178,7 +236,12 @@ impl Probe {
             )
         })?;
         self.reset(base, queues)?;
-        let slot = DeviceSlot { base, queues };
+        let slot = DeviceSlot {
+            base,
+            queues,
+            flags,
+            reserved: 0,
+        };
         let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
             BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
         devices.insert(key, slot, 0).context("adding a device")?;
@@ -239,6 +302,17 @@ impl Probe {
         for slot in base..base + len {
             readers.set(slot, ReaderState::default(), 0)?;
         }
+        let mut occupancy: PerCpuArray<&mut MapData, RingSamples> =
+            PerCpuArray::try_from(self.map_mut(MAP_OCCUPANCY)?)?;
+        for slot in base..base + len {
+            let zero = PerCpuValues::try_from(vec![RingSamples::default(); cpus])?;
+            occupancy.set(slot, zero, 0)?;
+        }
+        let mut dequeued: Array<&mut MapData, Dequeued> =
+            Array::try_from(self.map_mut(MAP_DEQUEUED)?)?;
+        for slot in base..base + len {
+            dequeued.set(slot, Dequeued::default(), 0)?;
+        }
         let mut reasons: PerCpuHashMap<&mut MapData, DropKey, u64> =
             PerCpuHashMap::try_from(self.map_mut(MAP_DROP_REASONS)?)?;
         let leftover: Vec<DropKey> = reasons
@@ -267,6 +341,8 @@ impl Probe {
         let counters: PerCpuArray<&MapData, QueueCounters> =
             PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
         let state: Array<&MapData, u64> = Array::try_from(self.map(MAP_QUEUE_STATE)?)?;
+        let occupancy: PerCpuArray<&MapData, RingSamples> =
+            PerCpuArray::try_from(self.map(MAP_OCCUPANCY)?)?;
         let mut out = DeviceCounters::default();
         for index in slot.base..slot.base + slot.queues {
             let per_cpu = counters.get(&index, 0)?;
@@ -275,6 +351,8 @@ impl Probe {
                 total += *cpu;
             }
             out.queues.push(total);
+            let samples = occupancy.get(&index, 0)?;
+            out.occupancy.push(RingOccupancy::over_cpus(samples.iter()));
             let since = state.get(&index, 0)?;
             out.stopped_since.push((since != 0).then_some(since & !1));
         }

@@ -99,7 +99,7 @@ pub(crate) fn run(
     stop: &Arc<AtomicBool>,
 ) -> Result<Measured> {
     if traffic.backpressure {
-        crate::os::tap::check_backpressure()?;
+        crate::os::tap::require_backpressure()?;
     }
     let cfg = LoadConfig {
         session: SessionConfig {

@@ -103,7 +103,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut recorder = Recorder::new(BufWriter::with_capacity(1 << 20, file), &header)?;
 
     for d in &devices {
-        probe.track(d.key, d.queues)?;
+        probe.track(d.key, d.queues, d.slot_flags())?;
     }
     let mut ring = probe.take_events()?;
     for d in &devices {

@@ -37,6 +37,10 @@ pub(crate) struct Args {
     /// ns per run); turning the measurement on adds two clock reads per run.
     #[arg(long)]
     pub(crate) program_stats: bool,
+    /// Call a queue stuck when it stays stopped this many seconds with no packet taken by
+    /// its reader.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::duration)]
+    pub(crate) stuck_after: Duration,
     /// Also serve the counters for Prometheus at `http://ADDR/metrics`, refreshed every
     /// interval (ADDR as IP:PORT, e.g. 127.0.0.1:9464; port 0 picks a free one, printed on
     /// stderr).
@@ -86,6 +90,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .transpose()?;
     let kernel = KernelInfo::load()?;
     let mut watcher = Watcher::with_backend(&kernel, &filter, args.backend)?;
+    watcher.set_stuck_after(args.stuck_after);
     log::info!("sources: {}", watcher.sources());
     let first = watcher.refresh()?;
     if first.rows.is_empty() && !args.wait {

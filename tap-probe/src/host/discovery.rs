@@ -13,6 +13,7 @@ use tap_probe_common::DeviceKey;
 use crate::os::netlink::{Link, LinkStats, Rtnl, TunKind};
 use crate::os::netns::{self, NetnsInfo};
 use crate::os::procfs::{Holder, tun_holders};
+use crate::os::sysfs::Sysfs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -36,6 +37,12 @@ impl DeviceKind {
             (Some("macvtap"), _) => Self::Macvtap,
             _ => Self::Other,
         }
+    }
+
+    /// A tun or tap: a device of the tun driver, with a `ptr_ring` per queue.
+    #[must_use]
+    pub fn is_tun(self) -> bool {
+        matches!(self, Self::Tun | Self::Tap)
     }
 }
 
@@ -62,6 +69,21 @@ pub struct Device {
     pub tx_queue_len: u32,
     pub owners: Vec<Owner>,
     pub stats: LinkStats,
+    /// A tun/tap's flags (`/sys/class/net/DEV/tun_flags`); `None` for other devices, or when
+    /// they could not be read.
+    pub tun_flags: Option<u32>,
+}
+
+impl Device {
+    /// `DeviceSlot::flags` for the programs: whether they sample the device's ring.
+    #[must_use]
+    pub(crate) fn slot_flags(&self) -> u32 {
+        if self.kind.is_tun() {
+            tap_probe_common::DEVICE_TUN
+        } else {
+            0
+        }
+    }
 }
 
 #[expect(
@@ -96,6 +118,8 @@ pub struct Discovery {
     globs: Option<GlobSet>,
     netns: Option<GlobMatcher>,
     sockets: HashMap<u32, Rtnl>,
+    /// A sysfs per namespace with tun/tap devices, for their `tun_flags`.
+    sysfs: HashMap<u32, Sysfs>,
 }
 
 impl Discovery {
@@ -125,6 +149,7 @@ impl Discovery {
             globs,
             netns,
             sockets: HashMap::new(),
+            sysfs: HashMap::new(),
         })
     }
 
@@ -146,6 +171,7 @@ impl Discovery {
         let namespaces = netns::list()?;
         let live: HashSet<u32> = namespaces.iter().map(|ns| ns.inode).collect();
         self.sockets.retain(|inode, _| live.contains(inode));
+        self.sysfs.retain(|inode, _| live.contains(inode));
 
         let mut devices = Vec::new();
         for ns in &namespaces {
@@ -167,6 +193,11 @@ impl Discovery {
                 if kind == DeviceKind::Other {
                     continue;
                 }
+                let tun_flags = if kind.is_tun() {
+                    self.tun_flags(ns, &link.name)
+                } else {
+                    None
+                };
                 devices.push(Device {
                     key: DeviceKey {
                         netns: ns.inode,
@@ -180,11 +211,35 @@ impl Discovery {
                     tx_queue_len: link.tx_queue_len,
                     owners: Vec::new(),
                     stats: link.stats,
+                    tun_flags,
                 });
             }
         }
         attach_owners(&mut devices, &tun_holders());
         Ok(devices)
+    }
+
+    /// The `tun_flags` of tun/tap `name` in `ns`, through that namespace's sysfs (made once).
+    /// A device that vanished since the link dump, or a namespace whose sysfs the kernel
+    /// refuses, gives `None` (with a debug message).
+    fn tun_flags(&mut self, ns: &NetnsInfo, name: &str) -> Option<u32> {
+        let sysfs = match self.sysfs.entry(ns.inode) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => match Sysfs::of_netns(&ns.path) {
+                Ok(sysfs) => e.insert(sysfs),
+                Err(err) => {
+                    log::debug!("no tun_flags in network namespace {}: {err:#}", ns.name);
+                    return None;
+                }
+            },
+        };
+        let text = sysfs
+            .net_attribute(name, "tun_flags")
+            .map_err(|err| log::debug!("{name} (netns {}): {err:#}", ns.name))
+            .ok()?;
+        u32::from_str_radix(text.trim_start_matches("0x"), 16)
+            .map_err(|err| log::debug!("{name}: tun_flags {text:?}: {err}"))
+            .ok()
     }
 
     fn matches(&self, device: &Device) -> bool {
@@ -261,6 +316,7 @@ mod tests {
             tx_queue_len: 1000,
             owners: Vec::new(),
             stats: LinkStats::default(),
+            tun_flags: None,
         }
     }
 
@@ -378,9 +434,15 @@ mod privileged_tests {
             "{:?}",
             found.owners
         );
+        // The flags the kernel keeps, read through the namespace's own sysfs.
+        assert_eq!(
+            found.tun_flags,
+            Some(crate::os::tap::tun_flags_of(tap.queue_fd(0)).unwrap())
+        );
         let veth = devices.iter().find(|d| d.name == "tpd-veth0").unwrap();
         assert_eq!(veth.kind, DeviceKind::Veth);
         assert!(veth.owners.is_empty());
+        assert_eq!(veth.tun_flags, None);
 
         let mut taps = Discovery::new(&Filter {
             globs: vec!["tpd-tap*".into()],

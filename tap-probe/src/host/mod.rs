@@ -23,11 +23,12 @@ pub(crate) trait Host {
     /// # Errors
     /// When the host cannot be scanned.
     fn devices(&mut self) -> Result<Vec<Device>>;
-    /// Starts counting `queues` transmit queues of a device, from zero.
+    /// Starts counting `queues` transmit queues of a device, from zero (`flags`: see
+    /// `DeviceSlot::flags`).
     ///
     /// # Errors
     /// When there is no room left or the maps refuse it.
-    fn track(&mut self, key: DeviceKey, queues: u32) -> Result<()>;
+    fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> Result<()>;
     /// Stops counting a device.
     ///
     /// # Errors
@@ -58,8 +59,8 @@ impl Host for LiveHost {
         self.discovery.scan()
     }
 
-    fn track(&mut self, key: DeviceKey, queues: u32) -> Result<()> {
-        self.probe.track(key, queues)
+    fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> Result<()> {
+        self.probe.track(key, queues, flags)
     }
 
     fn untrack(&mut self, key: DeviceKey) -> Result<()> {

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tap_probe_common::{KernelStat, Metric, QueueCounters, Source};
+use tap_probe_common::{KernelStat, Metric, QueueCounters, Requires, Source};
 
-use crate::bpf::probe::DeviceCounters;
+use crate::bpf::probe::{DeviceCounters, RingOccupancy};
 use crate::host::discovery::{Device, DeviceKind, Owner};
 use crate::kernel::ReasonNames;
 
@@ -22,6 +22,10 @@ pub struct KernelDeltas {
 /// One device queue in one refresh. Its values are read through [`Row::value`], by the
 /// descriptors of [`tap_probe_common::METRICS`]; the outputs iterate those.
 #[derive(Clone, Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent facts of one queue, each shown and serialized by name"
+)]
 pub struct Row {
     pub ifname: String,
     pub ifindex: u32,
@@ -33,6 +37,16 @@ pub struct Row {
     pub counters: QueueCounters,
     /// Whether the queue is stopped as last observed.
     pub stopped: bool,
+    /// Stopped, and the reader took nothing for longer than the watcher's stuck limit.
+    pub stuck: bool,
+    /// The ring's occupancy samples; `None` where the ring is not sampled (not a tun/tap,
+    /// or no BTF for its offsets).
+    pub occupancy: Option<RingOccupancy>,
+    /// Whether the device stops its queue instead of tail-dropping; `None` for devices
+    /// that are not tun/tap, or whose flags could not be read.
+    pub backpressure: Option<bool>,
+    /// Whether the wakes were told apart by who woke (`Requires::WakeSources`).
+    pub wake_sources: bool,
     /// `dropped_other` by `enum skb_drop_reason` name (lower case, without the prefix).
     pub drop_reasons: BTreeMap<String, u64>,
     /// Per device: the same on every queue row of the device, since the kernel keeps no
@@ -49,23 +63,50 @@ pub enum Value {
     Flag(bool),
     /// Undefined (`None`) before there is anything to divide by.
     Ratio(Option<f64>),
+    /// Samples of a level.
+    Distribution(RingOccupancy),
+    /// Not known here: what the value needs is missing (see [`Requires`]).
+    Missing,
 }
 
 impl Row {
     /// The value `metric` describes.
     #[must_use]
     pub fn value(&self, metric: &Metric) -> Value {
+        let available = match metric.requires {
+            Requires::Nothing => true,
+            Requires::WakeSources => self.wake_sources,
+            Requires::Tun => self.kind.is_tun(),
+            Requires::TunRing => self.occupancy.is_some(),
+        };
+        if !available {
+            return Value::Missing;
+        }
         match metric.source {
             Source::Programs(get) => Value::Count(get(&self.counters)),
             Source::Counters(compute) => Value::Ratio(compute(&self.counters)),
             Source::QueueState => Value::Flag(self.stopped),
+            Source::Stuck => Value::Flag(self.stuck),
+            Source::Backpressure => self.backpressure.map_or(Value::Missing, Value::Flag),
+            Source::RingOccupancy => self.occupancy.map_or(Value::Missing, Value::Distribution),
             Source::Kernel(KernelStat::TxPackets) => Value::Count(self.kernel.tx_packets),
             Source::Kernel(KernelStat::TxDropped) => Value::Count(self.kernel.tx_dropped),
         }
     }
 }
 
+/// What a device's rows carry besides the counters: judged by the watcher.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowContext {
+    pub(crate) backpressure: Option<bool>,
+    /// Whether the ring is sampled (a tun/tap, with the offsets known).
+    pub(crate) ring: bool,
+    pub(crate) wake_sources: bool,
+    pub(crate) retired: bool,
+}
+
 /// The rows of one device: its queues in use, and any other queue that counted something.
+/// `stuck` says per queue whether it is stuck.
 #[must_use]
 pub(crate) fn device_rows(
     device: &Device,
@@ -73,7 +114,8 @@ pub(crate) fn device_rows(
     kernel: KernelDeltas,
     names: &ReasonNames,
     now_ns: u64,
-    retired: bool,
+    context: RowContext,
+    stuck: &[bool],
 ) -> Vec<Row> {
     counters
         .queues
@@ -85,8 +127,12 @@ pub(crate) fn device_rows(
                 || **c != QueueCounters::default()
                 || since.is_some()
         })
-        .map(|(queue, (c, since))| {
-            let queue = u32::try_from(queue).unwrap_or(u32::MAX);
+        .map(|(index, (c, since))| {
+            let queue = u32::try_from(index).unwrap_or(u32::MAX);
+            let occupancy = context
+                .ring
+                .then(|| counters.occupancy.get(index).copied())
+                .flatten();
             let drop_reasons = counters
                 .drop_reasons
                 .iter()
@@ -105,9 +151,13 @@ pub(crate) fn device_rows(
                 owner: device.owners.first().cloned(),
                 counters,
                 stopped: since.is_some(),
+                stuck: stuck.get(index).copied().unwrap_or(false),
+                occupancy,
+                backpressure: context.backpressure,
+                wake_sources: context.wake_sources,
                 drop_reasons,
                 kernel,
-                retired,
+                retired: context.retired,
             }
         })
         .collect()
@@ -133,7 +183,7 @@ mod tests {
     /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
     #[test]
     fn row_json_is_unchanged() {
-        const GOLDEN: &str = r#"{"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"ifindex":7,"ifname":"tap0","kernel":{"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"retired":false,"stopped":true,"stopped_ns":1500000000,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"ifindex":7,"ifname":"tap0","kernel":{"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
         let row = Row {
             ifname: "tap0".to_owned(),
             ifindex: 7,
@@ -155,8 +205,31 @@ mod tests {
                 queue_wakes: 1,
                 stopped_ns: 1_500_000_000,
                 reader_sleeps: 4,
+                requeued_stopped: 2,
+                wakes_reader: 1,
+                wakes_vhost: 0,
+                wakes_forced: 0,
+                wakes_other: 0,
+                wakes_recheck: 3,
             },
             stopped: true,
+            stuck: true,
+            occupancy: Some(RingOccupancy {
+                current: Some(3),
+                max: 8,
+                samples: 4,
+                sum: 14,
+                histogram: {
+                    // Samples 1, 2, 3 and 8.
+                    let mut h = [0; tap_probe_common::OCCUPANCY_BUCKETS];
+                    h[1] = 1;
+                    h[2] = 2;
+                    h[4] = 1;
+                    h
+                },
+            }),
+            backpressure: Some(true),
+            wake_sources: true,
             drop_reasons: [("xmit_error".to_owned(), 3)].into(),
             kernel: KernelDeltas {
                 tx_packets: 6,
@@ -172,5 +245,32 @@ mod tests {
             serde_json::to_value(&before).unwrap()["wakeups_per_packet"],
             serde_json::Value::Null
         );
+        // What is not known here is null, not a zero that looks measured: wakes by source
+        // without the wake kprobe; the flag and the ring of a device that is no tun/tap.
+        let mut veth = row.clone();
+        veth.kind = DeviceKind::Veth;
+        veth.wake_sources = false;
+        veth.occupancy = None;
+        veth.backpressure = None;
+        let json = serde_json::to_value(&veth).unwrap();
+        for field in [
+            "wakes_reader",
+            "wakes_vhost",
+            "wakes_forced",
+            "wakes_other",
+            "wakes_recheck",
+            "ring_occupancy",
+            "backpressure",
+        ] {
+            assert_eq!(json[field], serde_json::Value::Null, "{field}");
+        }
+        assert_eq!(json["requeued_stopped"], 2, "known on every backend");
+        // Before the first sample a ring's level is unknown, its histogram empty.
+        let mut fresh = row.clone();
+        fresh.occupancy = Some(RingOccupancy::default());
+        let json = serde_json::to_value(&fresh).unwrap();
+        assert_eq!(json["ring_occupancy"]["current"], serde_json::Value::Null);
+        assert_eq!(json["ring_occupancy"]["max"], serde_json::Value::Null);
+        assert_eq!(json["ring_occupancy"]["samples"], 0);
     }
 }

@@ -2,16 +2,20 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE};
 
-use crate::bpf::backend::Backend;
-use crate::bpf::probe::Probe;
+use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
+use crate::bpf::probe::{DeviceCounters, Probe};
 use crate::host::discovery::{Device, Discovery, Filter};
-use crate::host::report::{KernelDeltas, Report, device_rows};
+use crate::host::report::{KernelDeltas, Report, RowContext, device_rows};
 use crate::host::{Host, LiveHost};
-use crate::kernel::{KernelInfo, ReasonNames};
+use crate::kernel::{KernelInfo, ReasonNames, TunBackpressure};
+
+/// How long a stopped queue may go without a reader take before it is called stuck, unless
+/// the watcher is told otherwise.
+pub(crate) const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(1);
 
 /// Watches the running host through an attached probe.
 pub struct Watcher(Tracker<LiveHost>);
@@ -20,6 +24,9 @@ pub struct Watcher(Tracker<LiveHost>);
 pub(crate) struct Tracker<H> {
     host: H,
     names: ReasonNames,
+    /// How this kernel's tun answers a full ring; `None` when unknown.
+    backpressure: Option<TunBackpressure>,
+    stuck_after: Duration,
     started: Instant,
     devices: HashMap<DeviceKey, Tracked>,
 }
@@ -30,6 +37,34 @@ struct Tracked {
     baseline: (u64, u64),
     /// The last deltas read, kept for the retirement row.
     kernel: KernelDeltas,
+    /// Per queue: `consumed` as last read, and when it last changed (`CLOCK_MONOTONIC` ns;
+    /// tracking's start before the first take).
+    takes: Vec<(u64, u64)>,
+    /// When tracking began (`CLOCK_MONOTONIC` ns).
+    since_ns: u64,
+}
+
+impl Tracked {
+    /// Per queue: stopped, with no reader take for at least `after`. A take is seen as a
+    /// change of `consumed` between refreshes, so the judgement is as fine as the refresh
+    /// interval, and costs the programs nothing.
+    fn stuck(&mut self, counters: &DeviceCounters, now_ns: u64, after: Duration) -> Vec<bool> {
+        let after = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        self.takes.resize(counters.queues.len(), (0, self.since_ns));
+        counters
+            .queues
+            .iter()
+            .zip(&counters.stopped_since)
+            .zip(&mut self.takes)
+            .map(|((c, stopped), (consumed, at))| {
+                if c.consumed != *consumed {
+                    *consumed = c.consumed;
+                    *at = now_ns;
+                }
+                stopped.is_some_and(|stop| now_ns.saturating_sub(stop.max(*at)) >= after)
+            })
+            .collect()
+    }
 }
 
 impl Watcher {
@@ -46,13 +81,29 @@ impl Watcher {
             discovery: Discovery::new(filter)?,
             probe: Probe::attach_backend(kernel, backend, false)?,
         };
-        Ok(Self(Tracker::on(host, kernel.drop_reasons.clone())))
+        let mut tracker = Tracker::on(host, kernel.drop_reasons.clone());
+        tracker.backpressure = kernel.tun_backpressure;
+        Ok(Self(tracker))
+    }
+
+    /// A stopped queue whose reader takes nothing for `after` is called stuck (default
+    /// [`DEFAULT_STUCK_AFTER`]).
+    pub fn set_stuck_after(&mut self, after: Duration) {
+        self.0.stuck_after = after;
     }
 
     /// What each attached program cost so far (see [`crate::bpf::probe::enable_run_stats`]).
     #[must_use]
     pub(crate) fn program_stats(&self) -> Vec<crate::bpf::probe::ProgramStats> {
         self.0.host.probe.program_stats()
+    }
+
+    /// Runs of the attached programs the kernel skipped (another kprobe program was running
+    /// on the CPU); when not 0, counts may be short. Kernels before 6.7 do not count the
+    /// kprobes' skips.
+    #[must_use]
+    pub fn missed_runs(&self) -> u64 {
+        self.0.host.probe.missed_runs()
     }
 
     /// What feeds each counter.
@@ -96,11 +147,15 @@ impl<H: Host> Tracker<H> {
         Self {
             host,
             names,
+            backpressure: None,
+            stuck_after: DEFAULT_STUCK_AFTER,
             started: Instant::now(),
             devices: HashMap::new(),
         }
     }
+}
 
+impl<H: Host> Tracker<H> {
     /// Rescans the host, starts tracking new devices, retires vanished ones, and reads every
     /// counter. Retired devices appear once more, marked, with their last counters.
     ///
@@ -119,17 +174,24 @@ impl<H: Host> Tracker<H> {
             .copied()
             .collect();
         for key in gone {
-            if let Some(tracked) = self.devices.remove(&key) {
+            if let Some(mut tracked) = self.devices.remove(&key) {
                 // Read before untracking: the slots are zeroed on reuse, not on removal.
                 let counters = self.host.counters(key)?;
                 let kernel = tracked.kernel;
+                let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
                 rows.extend(device_rows(
                     &tracked.device,
                     &counters,
                     kernel,
                     &self.names,
                     now_ns,
-                    true,
+                    context(
+                        self.host.sources(),
+                        self.backpressure,
+                        &tracked.device,
+                        true,
+                    ),
+                    &stuck,
                 ));
                 self.host.untrack(key)?;
                 log::info!(
@@ -149,13 +211,18 @@ impl<H: Host> Tracker<H> {
                 std::collections::hash_map::Entry::Vacant(e) => {
                     // A multi-queue tap has 256 queues whatever number is attached; count the
                     // first MAX_QUEUES_PER_DEVICE (the eBPF side ignores queues beyond).
-                    self.host
-                        .track(key, device.queues.min(MAX_QUEUES_PER_DEVICE))?;
+                    self.host.track(
+                        key,
+                        device.queues.min(MAX_QUEUES_PER_DEVICE),
+                        device.slot_flags(),
+                    )?;
                     let baseline = (device.stats.tx_packets, device.stats.tx_dropped);
                     e.insert(Tracked {
                         device,
                         baseline,
                         kernel: KernelDeltas::default(),
+                        takes: Vec::new(),
+                        since_ns: now_ns,
                     })
                 }
             };
@@ -173,13 +240,21 @@ impl<H: Host> Tracker<H> {
                     .saturating_sub(tracked.baseline.1),
             };
             tracked.kernel = kernel;
+            let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
+            let context = context(
+                self.host.sources(),
+                self.backpressure,
+                &tracked.device,
+                false,
+            );
             rows.extend(device_rows(
                 &tracked.device,
                 &counters,
                 kernel,
                 &self.names,
                 now_ns,
-                false,
+                context,
+                &stuck,
             ));
         }
         rows.sort_by(|a, b| (&a.netns, &a.ifname, a.queue).cmp(&(&b.netns, &b.ifname, b.queue)));
@@ -192,6 +267,33 @@ impl<H: Host> Tracker<H> {
     }
 }
 
+/// What the rows of `device` carry besides its counters, from what feeds them (`sources`)
+/// and how this kernel's tun answers a full ring (`mode`).
+fn context(
+    sources: &Sources,
+    mode: Option<TunBackpressure>,
+    device: &Device,
+    retired: bool,
+) -> RowContext {
+    let backpressure = if device.kind.is_tun() {
+        match mode {
+            Some(TunBackpressure::OptIn) => device
+                .tun_flags
+                .map(|flags| TunBackpressure::OptIn.of_tap(flags)),
+            Some(mode) => Some(mode.of_tap(0)),
+            None => None,
+        }
+    } else {
+        None
+    };
+    RowContext {
+        backpressure,
+        ring: device.kind.is_tun() && matches!(sources.ring, Ring::Sampled(_)),
+        wake_sources: matches!(sources.wakes, Wakes::Callers(_)),
+        retired,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -199,8 +301,8 @@ mod tests {
     use tap_probe_common::QueueCounters;
 
     use super::*;
-    use crate::bpf::backend::{Consume, Sources, Xmit};
-    use crate::bpf::probe::DeviceCounters;
+    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use crate::bpf::probe::{DeviceCounters, RingOccupancy};
     use crate::host::discovery::DeviceKind;
     use crate::os::netlink::LinkStats;
 
@@ -227,6 +329,9 @@ mod tests {
                 sources: Sources {
                     xmit: Xmit::Tracepoints,
                     consumed: Consume::Tracepoint,
+                    requeues: Requeues::DequeuePairs,
+                    wakes: Wakes::Inferred,
+                    ring: Ring::Unavailable("not in this test".to_owned()),
                     notes: Vec::new(),
                 },
             }
@@ -238,7 +343,7 @@ mod tests {
             Ok(self.devices.clone())
         }
 
-        fn track(&mut self, key: DeviceKey, queues: u32) -> anyhow::Result<()> {
+        fn track(&mut self, key: DeviceKey, queues: u32, _flags: u32) -> anyhow::Result<()> {
             self.calls.push(format!("track {} {queues}", key.ifindex));
             self.tracked.insert(key, queues);
             Ok(())
@@ -259,6 +364,7 @@ mod tests {
             let queues = usize::try_from(queues).unwrap();
             counters.queues.resize(queues, QueueCounters::default());
             counters.stopped_since.resize(queues, None);
+            counters.occupancy.resize(queues, RingOccupancy::default());
             Ok(counters)
         }
 
@@ -290,6 +396,7 @@ mod tests {
                 tx_dropped,
                 ..LinkStats::default()
             },
+            tun_flags: Some(0x1002),
         }
     }
 
@@ -300,6 +407,7 @@ mod tests {
                 ..QueueCounters::default()
             }],
             stopped_since: vec![None],
+            occupancy: vec![RingOccupancy::default()],
             drop_reasons: BTreeMap::new(),
         }
     }

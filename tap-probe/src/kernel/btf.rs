@@ -9,10 +9,16 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Btf, BtfType, Type};
-use tap_probe_common::KernelFacts;
+use tap_probe_common::{KernelFacts, RingFacts};
 
 /// Where the kernel exposes its own BTF.
 pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// The tun module's BTF, split against vmlinux's, where tun is a module.
+pub(crate) const TUN_BTF: &str = "/sys/kernel/btf/tun";
+/// `NETDEV_ALIGN` (`include/linux/netdevice.h`): where `netdev_priv()` is
+/// `ALIGN(sizeof(struct net_device), NETDEV_ALIGN)` (before the `priv` flexible array of
+/// Linux 6.12). A `#define`, so not in BTF; 32 since it was introduced.
+const NETDEV_ALIGN: u32 = 32;
 
 /// Bound on typedef/pointer chains and nested anonymous members; real kernels need a handful,
 /// this only guards against a malformed (cyclic) BTF.
@@ -59,10 +65,76 @@ pub(crate) fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
             })?
         },
         task_nvcsw: offset_of(btf, "task_struct", &["nvcsw"])?,
+        skb_next: offset_of(btf, "sk_buff", &["next"])?,
+        wake_range_count: 0,
+        wake_ranges: Default::default(),
+        ring: RingFacts::default(),
         reader_range_count: 0,
         reader_ranges: Default::default(),
     })
 }
+
+/// Where the programs find a tun/tap's `ptr_ring`, and which BTF said so. `tun_struct` and
+/// `tun_file` are tun's own: in the module's split BTF ([`TUN_BTF`]) where tun is a module,
+/// in vmlinux's where it is built in; `ptr_ring` and `net_device` are vmlinux's.
+///
+/// # Errors
+/// When tun's types are in neither (tun not loaded) or a member is missing.
+pub(crate) fn ring_facts(vmlinux: &Btf) -> Result<(RingFacts, String)> {
+    let module;
+    let (btf, from) = if Path::new(TUN_BTF).exists() {
+        module = Btf::from_split_file(TUN_BTF, vmlinux)
+            .with_context(|| format!("reading tun's BTF from {TUN_BTF}"))?;
+        (&module, TUN_BTF)
+    } else {
+        (vmlinux, VMLINUX_BTF)
+    };
+    if find_struct(btf, "tun_struct").is_err() {
+        bail!(
+            "no struct tun_struct in {VMLINUX_BTF} and no {TUN_BTF}: is the tun module loaded? \
+             (modprobe tun)"
+        );
+    }
+    let dev_priv = match offset_of(vmlinux, "net_device", &["priv"]) {
+        Ok(offset) => offset,
+        Err(_) => struct_size(vmlinux, "net_device")?.next_multiple_of(NETDEV_ALIGN),
+    };
+    let fields = [
+        offset_of(vmlinux, "ptr_ring", &["producer"])?,
+        offset_of(vmlinux, "ptr_ring", &["consumer_head"])?,
+        offset_of(vmlinux, "ptr_ring", &["size"])?,
+        offset_of(vmlinux, "ptr_ring", &["queue"])?,
+    ];
+    let start = fields.iter().copied().min().unwrap_or(0);
+    // The ints are 4 bytes, the queue pointer 8: the span ends after the last one read.
+    let end = fields.iter().map(|f| f + 8).max().unwrap_or(0);
+    let facts = RingFacts {
+        known: 1,
+        dev_priv,
+        tun_tfiles: offset_of(btf, "tun_struct", &["tfiles"])?,
+        tun_dev: offset_of(btf, "tun_struct", &["dev"])?,
+        tfile_tx_ring: offset_of(btf, "tun_file", &["tx_ring"])?,
+        span_start: start,
+        span_len: end - start,
+        producer: fields[0] - start,
+        consumer_head: fields[1] - start,
+        size: fields[2] - start,
+        queue: fields[3] - start,
+        reserved: 0,
+    };
+    if facts.span_len > RING_SPAN_MAX {
+        bail!(
+            "struct ptr_ring's producer..queue span is {} bytes, more than the {RING_SPAN_MAX} \
+             the programs read at once",
+            facts.span_len
+        );
+    }
+    Ok((facts, from.to_owned()))
+}
+
+/// The most of `struct ptr_ring` the programs read at once (`SPAN_MAX` in
+/// `tap-probe-ebpf/src/ring.rs`, less the 8 bytes a field read may run over).
+const RING_SPAN_MAX: u32 = 248;
 
 /// The whole `enum skb_drop_reason`: value to name, without the `SKB_DROP_REASON_` prefix and
 /// lowercased (`SKB_DROP_REASON_FULL_RING` becomes `full_ring`). When two names share a value
@@ -408,6 +480,30 @@ mod tests {
         assert_eq!(facts.net_inum % 4, 0);
         assert!(facts.tx_busy != 0);
         assert!(facts.reason_full_ring != 0);
+    }
+
+    #[test]
+    fn ring_facts_are_found() {
+        let Some(btf) = host_btf() else { return };
+        let (ring, from) = match ring_facts(&btf) {
+            Ok(found) => found,
+            Err(err) => {
+                eprintln!("skipping test - {err:#}");
+                return;
+            }
+        };
+        eprintln!("{ring:?} from {from}");
+        assert_eq!(ring.known, 1);
+        // netdev_priv() is cacheline aligned past the net_device.
+        assert_eq!(ring.dev_priv % 32, 0);
+        assert!(ring.dev_priv > 1000, "struct net_device is large");
+        assert_eq!(ring.tun_dev % 8, 0, "a pointer");
+        assert!(ring.tfile_tx_ring > 0);
+        // The span holds all four fields: producer first, the queue pointer last.
+        for field in [ring.producer, ring.consumer_head, ring.size, ring.queue] {
+            assert!(field + 4 <= ring.span_len, "{field} in {}", ring.span_len);
+        }
+        assert_eq!(ring.queue + 8, ring.span_len);
     }
 
     #[test]

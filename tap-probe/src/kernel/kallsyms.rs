@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context as _, Result, bail};
-use tap_probe_common::{MAX_READER_RANGES, TextRange};
+use tap_probe_common::{MAX_READER_RANGES, MAX_WAKE_RANGES, TextRange, WakeClass};
 
 pub(crate) const KALLSYMS: &str = "/proc/kallsyms";
 
@@ -18,6 +18,18 @@ pub(crate) const KALLSYMS: &str = "/proc/kallsyms";
 const READ_PATHS: &[(&str, &[&str])] = &[
     ("tun_do_read", &["tun_chr_read_iter", "tun_recvmsg"]),
     ("tap_do_read", &["tap_read_iter", "tap_recvmsg"]),
+];
+
+/// The functions that tell who woke a queue, found on the stack of `netif_tx_wake_queue`
+/// (the outermost one found decides), besides the tun/tap read path (a reader's wake). The
+/// tun ones exist with the tail-drop fix: `__tun_wake_queue` (the seeds, Linux 7.3),
+/// `tun_wake_queue` (7.3: vhost-net's batched take), `tun_force_wake_queue` (7.3).
+const WAKERS: &[(&str, WakeClass)] = &[
+    ("__tun_wake_queue", WakeClass::Reader),
+    ("veth_poll", WakeClass::Reader),
+    ("tun_wake_queue", WakeClass::Vhost),
+    ("tun_force_wake_queue", WakeClass::Forced),
+    ("tun_net_xmit", WakeClass::Recheck),
 ];
 
 /// One kernel text symbol.
@@ -169,6 +181,29 @@ impl Kallsyms {
         ranges
     }
 
+    /// The text ranges that classify a queue wake (see [`WAKERS`]), with the read path as
+    /// the reader's. At most [`MAX_WAKE_RANGES`]; extra ones are dropped with a warning.
+    #[must_use]
+    pub(crate) fn wake_ranges(&self) -> Vec<(NamedRange, WakeClass)> {
+        let mut ranges: Vec<(NamedRange, WakeClass)> = self
+            .reader_ranges()
+            .into_iter()
+            .map(|r| (r, WakeClass::Reader))
+            .collect();
+        for (function, class) in WAKERS {
+            ranges.extend(self.named_ranges(function).into_iter().map(|r| (r, *class)));
+        }
+        if ranges.len() > MAX_WAKE_RANGES {
+            let mut dropped = String::new();
+            for (r, _) in &ranges[MAX_WAKE_RANGES..] {
+                let _ = write!(dropped, " {}", r.name);
+            }
+            log::warn!("more than {MAX_WAKE_RANGES} wake functions; ignoring:{dropped}");
+            ranges.truncate(MAX_WAKE_RANGES);
+        }
+        ranges
+    }
+
     fn named_ranges(&self, function: &str) -> Vec<NamedRange> {
         self.symbols
             .iter()
@@ -258,6 +293,35 @@ ffffffff82000000 D some_data
                 "tun_do_read.cold",
                 "tun_chr_read_iter",
                 "tun_recvmsg.isra.0"
+            ]
+        );
+    }
+
+    #[test]
+    fn wakers_are_classified_by_name() {
+        let text = "\
+0000000000001000 t tun_do_read
+0000000000001100 t __tun_wake_queue
+0000000000001200 T tun_wake_queue
+0000000000001300 t tun_force_wake_queue
+0000000000001400 t tun_net_xmit
+0000000000001500 t tun_net_xmit.cold
+0000000000001600 t tun_other
+";
+        let ranges = Kallsyms::parse(text).unwrap().wake_ranges();
+        let got: Vec<(&str, WakeClass, u64)> = ranges
+            .iter()
+            .map(|(r, c)| (r.name.as_str(), *c, r.range.start))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("tun_do_read", WakeClass::Reader, 0x1000),
+                ("__tun_wake_queue", WakeClass::Reader, 0x1100),
+                ("tun_wake_queue", WakeClass::Vhost, 0x1200),
+                ("tun_force_wake_queue", WakeClass::Forced, 0x1300),
+                ("tun_net_xmit", WakeClass::Recheck, 0x1400),
+                ("tun_net_xmit.cold", WakeClass::Recheck, 0x1500),
             ]
         );
     }

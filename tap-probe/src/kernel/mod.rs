@@ -10,9 +10,37 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 use btf_rs::Btf;
-use tap_probe_common::{DROP_REASON_XMIT_ERROR, KernelFacts, PROG_CONSUME_SKB};
+use tap_probe_common::{DROP_REASON_XMIT_ERROR, KernelFacts, PROG_CONSUME_SKB, WakeRange};
 
 use crate::kernel::kallsyms::{Kallsyms, NamedRange};
+use crate::os::tap::IFF_BACKPRESSURE;
+
+/// How this kernel's tun answers a full ring when a qdisc sits in front of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunBackpressure {
+    /// It drops the packet (tail-drop): a stock kernel, without `__tun_wake_queue`.
+    Never,
+    /// It stops the queue on every tap: the "avoid tail-drop" series as posted
+    /// (`__tun_wake_queue` in kallsyms, no `IFF_BACKPRESSURE` in TUNGETFEATURES).
+    Always,
+    /// It stops the queue of a tap that set `IFF_BACKPRESSURE` (TUNGETFEATURES lists it:
+    /// the fix as merged, Linux 7.3).
+    OptIn,
+}
+
+impl TunBackpressure {
+    /// Whether a tap whose `tun_flags` are `flags` stops its queue on a full ring (with a
+    /// qdisc in front of it).
+    #[must_use]
+    pub fn of_tap(self, flags: u32) -> bool {
+        match self {
+            Self::Never => false,
+            Self::Always => true,
+            Self::OptIn => flags & IFF_BACKPRESSURE != 0,
+        }
+    }
+}
 
 /// The kernel's facts, from one parse of its BTF and one read of kallsyms.
 #[derive(Debug)]
@@ -29,6 +57,14 @@ pub struct KernelInfo {
     pub(crate) consume_has_location: bool,
     pub(crate) drop_reasons: ReasonNames,
     pub(crate) kallsyms: Kallsyms,
+    /// The functions that tell who woke a queue (also in `facts`, by address only).
+    pub(crate) wake_ranges: Vec<(NamedRange, tap_probe_common::WakeClass)>,
+    /// Where the ring offsets came from (a BTF file), or why there are none.
+    pub(crate) ring_facts: Result<String, String>,
+    /// TUNGETFEATURES, or why it could not be read.
+    pub(crate) tun_features: Result<u32, String>,
+    /// How tun answers a full ring here; `None` when TUNGETFEATURES could not be read.
+    pub tun_backpressure: Option<TunBackpressure>,
 }
 
 impl KernelInfo {
@@ -62,6 +98,34 @@ impl KernelInfo {
             count += 1;
         }
         facts.reader_range_count = count;
+        let wake_ranges = kallsyms.wake_ranges();
+        let mut count = 0;
+        for (slot, (range, class)) in facts.wake_ranges.iter_mut().zip(&wake_ranges) {
+            *slot = WakeRange {
+                range: range.range,
+                class: *class as u32,
+                reserved: 0,
+            };
+            count += 1;
+        }
+        facts.wake_range_count = count;
+        let ring_facts = match crate::kernel::btf::ring_facts(btf) {
+            Ok((ring, from)) => {
+                facts.ring = ring;
+                Ok(from)
+            }
+            Err(err) => Err(format!("{err:#}")),
+        };
+        let tun_features = crate::os::tap::tun_features().map_err(|err| format!("{err:#}"));
+        let tun_backpressure = tun_features.as_ref().ok().map(|features| {
+            if features & IFF_BACKPRESSURE != 0 {
+                TunBackpressure::OptIn
+            } else if kallsyms.has("__tun_wake_queue") {
+                TunBackpressure::Always
+            } else {
+                TunBackpressure::Never
+            }
+        });
         Ok(Self {
             release: release(),
             facts,
@@ -71,7 +135,28 @@ impl KernelInfo {
                 >= 2,
             drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)?),
             kallsyms,
+            wake_ranges,
+            ring_facts,
+            tun_features,
+            tun_backpressure,
         })
+    }
+}
+
+impl KernelInfo {
+    /// The backends this kernel has what they need for (kprobes; the `consume_skb`
+    /// tracepoint's `location`), so a test can require each of them to attach.
+    #[must_use]
+    pub fn backends(&self) -> Vec<crate::bpf::backend::Backend> {
+        use crate::bpf::backend::Backend;
+        let mut backends = Vec::new();
+        if self.consume_has_location {
+            backends.push(Backend::Tracepoint);
+        }
+        if crate::bpf::backend::has_kprobes() {
+            backends.push(Backend::Kprobe);
+        }
+        backends
     }
 }
 

@@ -427,7 +427,8 @@ pub(crate) struct LoadReport {
     pub(crate) attempted: u64,
     /// Frames the stack accepted.
     pub(crate) sent: u64,
-    /// Frames refused by a full qdisc.
+    /// Frames dropped on the way and reported to the sender: by a full qdisc, or by the
+    /// driver where there is none.
     pub(crate) enobufs: u64,
     /// Frames the reader took while the sender ran.
     pub(crate) read_by_reader: u64,
@@ -645,6 +646,24 @@ fn sleep_unless(duration: Duration, stop: &AtomicBool) {
 mod tests {
     use super::*;
 
+    /// Whether this kernel's tun stops the queue of the load's tap (`cfg`) instead of
+    /// dropping at its ring, asked of the kernel itself.
+    fn stops_instead_of_dropping(cfg: &SessionConfig) -> bool {
+        let kernel = crate::kernel::KernelInfo::load().unwrap();
+        let mode = kernel.tun_backpressure.expect("TUNGETFEATURES");
+        let flags = if cfg.backpressure {
+            crate::os::tap::IFF_BACKPRESSURE
+        } else {
+            0
+        };
+        cfg.qdisc != Some(RootQdisc::Noqueue) && mode.of_tap(flags)
+    }
+
+    /// Every frame handed to the kernel is accounted for, by the kernel's own counters:
+    /// taken by the reader, dropped at the ring, or dropped by the qdisc (at its limit, or
+    /// by its AQM: `fq_codel`, the guests' default, drops what waits too long while the
+    /// queue is stopped). Frames sent in batches, so a batch cut short by a drop is
+    /// counted too.
     #[test]
     fn fast_reader_accounts_for_every_packet() {
         if !crate::lab::root() {
@@ -658,51 +677,115 @@ mod tests {
         let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
         println!("{}", report.table());
         assert!(!report.device.netns_path.exists(), "namespace left behind");
-        assert_eq!(report.attempted, report.sent + report.enobufs);
         assert!(report.sent > 0);
         // tun counts tx_packets when the reader takes a packet: nothing else reads.
         assert_eq!(
             report.kernel_tx_packets,
             report.read_by_reader + report.drained
         );
-        // Every accepted frame was read or tail-dropped at the ring (qdisc drops show up
-        // as enobufs, not in sent).
         assert_eq!(
-            report.sent,
-            report.kernel_tx_packets + report.kernel_tx_dropped
+            report.attempted,
+            report.kernel_tx_packets + report.kernel_tx_dropped + report.qdisc_drops.unwrap(),
+            "every frame taken, dropped at the ring or by the qdisc: {report:?}"
         );
     }
 
+    /// A slow reader and a small ring: on a stock kernel the ring drops most frames; with
+    /// the fix the queue stops and the qdisc drops them at its limit instead.
     #[test]
-    fn slow_reader_tail_drops() {
+    fn slow_reader_drops_where_the_kernel_says() {
         if !crate::lab::root() {
             return;
         }
+        let session = SessionConfig {
+            qdisc: Some(RootQdisc::Pfifo { limit: None }),
+            tx_queue_len: Some(100),
+            reader_pps: Some(2_000),
+            ..SessionConfig::default()
+        };
+        let stops = stops_instead_of_dropping(&session);
         let cfg = LoadConfig {
-            session: SessionConfig {
-                qdisc: Some(RootQdisc::Pfifo { limit: None }),
-                tx_queue_len: Some(100),
-                reader_pps: Some(2_000),
-                ..SessionConfig::default()
-            },
+            session,
             packets: 20_000,
             duration: Duration::from_secs(1),
             pps: Some(20_000),
             ..LoadConfig::default()
         };
         let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
-        println!("{}", serde_json::to_string_pretty(&report).unwrap());
+        println!(
+            "stops instead of dropping: {stops}\n{}",
+            serde_json::to_string_pretty(&report).unwrap()
+        );
         assert_eq!(report.qdisc, "pfifo");
         assert_eq!(report.tx_queue_len, 100);
+        let qdisc_drops = report.qdisc_drops.unwrap();
         // The ring (100) plus a 2000 pps reader cannot take 20000 pps: most frames drop.
-        assert!(report.kernel_tx_dropped > report.sent / 2, "{report:?}");
+        let dropped = if stops {
+            assert_eq!(report.kernel_tx_dropped, 0, "{report:?}");
+            qdisc_drops
+        } else {
+            assert_eq!(qdisc_drops, 0, "{report:?}");
+            report.kernel_tx_dropped
+        };
+        assert!(dropped > report.attempted / 2, "{report:?}");
         assert!(report.read_by_reader <= 2_500, "{report:?}");
         // The pacer never exceeds the rate (a loaded machine may fall short of it).
         assert!(report.sender_pps <= 21_000.0, "{report:?}");
         assert_eq!(
-            report.sent,
-            report.kernel_tx_packets + report.kernel_tx_dropped
+            report.attempted,
+            report.kernel_tx_packets + report.kernel_tx_dropped + qdisc_drops
         );
+        // Drops at the qdisc's limit are the sender's ENOBUFS, and so are the ring's when
+        // nothing else would report them.
+        if stops {
+            assert_eq!(report.enobufs, qdisc_drops, "{report:?}");
+        }
+    }
+
+    /// `--backpressure` where the kernel has the flag; a clear error, and nothing left
+    /// behind, where it has not.
+    #[test]
+    fn backpressure_is_refused_where_the_kernel_lacks_it() {
+        if !crate::lab::root() {
+            return;
+        }
+        let features = crate::os::tap::tun_features().unwrap();
+        let cfg = LoadConfig {
+            session: SessionConfig {
+                qdisc: Some(RootQdisc::Pfifo { limit: None }),
+                reader_pps: Some(5_000),
+                backpressure: true,
+                ..SessionConfig::default()
+            },
+            packets: 5_000,
+            duration: Duration::from_secs(2),
+            pps: Some(10_000),
+            ..LoadConfig::default()
+        };
+        let result = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false)));
+        if features & crate::os::tap::IFF_BACKPRESSURE == 0 {
+            let err = format!("{:#}", result.unwrap_err());
+            assert!(err.contains("does not support IFF_BACKPRESSURE"), "{err}");
+            assert!(err.contains(&format!("{features:#06x}")), "{err}");
+            let leftover = std::fs::read_dir("/run/netns").map_or(0, |dir| {
+                dir.filter_map(Result::ok)
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with(&format!("tap-probe-load-{}", std::process::id()))
+                    })
+                    .count()
+            });
+            assert_eq!(leftover, 0, "a namespace was left behind");
+        } else {
+            let report = result.unwrap();
+            assert!(report.backpressure);
+            assert_eq!(report.kernel_tx_dropped, 0, "{report:?}");
+            assert_eq!(
+                report.attempted,
+                report.kernel_tx_packets + report.qdisc_drops.unwrap()
+            );
+        }
     }
 
     #[test]

@@ -11,11 +11,12 @@ pub(crate) mod slow_consumer;
 pub(crate) mod traffic;
 pub(crate) mod vhost;
 
-pub use crate::bpf::backend::Backend;
+pub use crate::bpf::backend::{Backend, Sources};
+pub use crate::bpf::probe::RingOccupancy;
 pub use crate::host::discovery::{DeviceKind, Discovery, Filter};
 pub use crate::host::report::{Report, Row, Value};
 pub use crate::host::watcher::Watcher;
-pub use crate::kernel::KernelInfo;
+pub use crate::kernel::{KernelInfo, TunBackpressure};
 pub use crate::lab::slow_consumer::SlowConsumer;
 pub use crate::lab::traffic::{
     Drive, Driven, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
@@ -29,7 +30,7 @@ pub use crate::os::tap::{Tap, TapOptions};
 /// # Errors
 /// When `/dev/net/tun` cannot be asked.
 pub fn tun_has_backpressure() -> anyhow::Result<bool> {
-    Ok(crate::os::tap::features()? & crate::os::tap::IFF_BACKPRESSURE != 0)
+    Ok(crate::os::tap::tun_features()? & crate::os::tap::IFF_BACKPRESSURE != 0)
 }
 
 /// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,

@@ -83,7 +83,9 @@ pub struct SendReport {
     pub attempted: u64,
     /// Frames the kernel accepted (queued in the qdisc or taken by the driver).
     pub sent: u64,
-    /// Frames refused with `ENOBUFS`: dropped by a full qdisc (`NET_XMIT_DROP`).
+    /// Frames the stack dropped on the way: refused by a full qdisc, or dropped by the
+    /// driver without a qdisc (`NET_XMIT_DROP`, `ENOBUFS` to the sender), including the one
+    /// that ended a batch early.
     pub enobufs: u64,
     #[serde(serialize_with = "serialize_secs")]
     pub elapsed: Duration,
@@ -107,8 +109,11 @@ pub fn send(cfg: &SenderConfig) -> Result<SendReport> {
     if cfg.pps == Some(0) {
         bail!("a rate of 0 packets per second sends nothing; leave the rate unset for no limit");
     }
-    let batch = cfg.batch.clamp(1, 1024);
-    let socket = packet_socket(cfg.ifindex)?;
+    let (socket, forced) = packet_socket(cfg.ifindex)?;
+    // A batch that stops short hides why (see `send_batch`); the count below takes the
+    // message that ended it for a drop, which holds only where the socket's memory cannot
+    // run out first. Without a forced buffer, one message per call keeps every error.
+    let batch = if forced { cfg.batch.clamp(1, 1024) } else { 1 };
     let mut frames: Vec<Vec<u8>> = (0..batch).map(|_| frame(cfg.frame_len)).collect();
 
     let start = Instant::now();
@@ -140,9 +145,18 @@ pub fn send(cfg: &SenderConfig) -> Result<SendReport> {
             Ok(sent) => {
                 report.sent += sent as u64;
                 report.attempted += sent as u64;
+                if sent < n {
+                    // The message after the last one sent failed, and sendmmsg dropped its
+                    // error (`__sys_sendmmsg`, net/socket.c: an error is returned only when
+                    // no message went out). With the socket's memory forced far above any
+                    // qdisc's limit, the only failure a packet socket sees here is the
+                    // drop: a full qdisc or the driver's NET_XMIT_DROP (`packet_snd`,
+                    // net/packet/af_packet.c, turns it into ENOBUFS).
+                    report.enobufs += 1;
+                    report.attempted += 1;
+                }
             }
-            // The first frame of the batch was dropped by a full qdisc (packet_snd in
-            // net/packet/af_packet.c maps NET_XMIT_DROP to ENOBUFS): count it, move on.
+            // The first frame of the batch was dropped: count it, move on.
             Err(Errno::ENOBUFS) => {
                 report.enobufs += 1;
                 report.attempted += 1;
@@ -205,7 +219,7 @@ fn send_batch(socket: BorrowedFd<'_>, frames: &mut [Vec<u8>]) -> std::result::Re
         )
     };
     // sendmmsg reports an error only if the first message failed; a later failure ends
-    // the batch early and shows up again on the next call.
+    // the batch early, and its error is lost (the caller accounts for it).
     usize::try_from(rc).map_err(|_| Errno::last())
 }
 
@@ -221,8 +235,9 @@ fn wait_writable(fd: BorrowedFd<'_>, end: Instant) -> Result<()> {
 }
 
 /// An `AF_PACKET` raw socket bound to `ifindex` with protocol 0, so it receives nothing
-/// (no packet hook registered) and only transmits.
-fn packet_socket(ifindex: u32) -> Result<OwnedFd> {
+/// (no packet hook registered) and only transmits; and whether its send buffer could be
+/// forced to [`SEND_BUFFER`].
+fn packet_socket(ifindex: u32) -> Result<(OwnedFd, bool)> {
     // SAFETY: plain socket(2) call.
     let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
@@ -241,11 +256,16 @@ fn packet_socket(ifindex: u32) -> Result<OwnedFd> {
     if rc < 0 {
         return Err(std::io::Error::last_os_error()).with_context(|| format!("cannot bind the packet socket to ifindex {ifindex} (does the device exist in this namespace?)"));
     }
-    // SO_SNDBUFFORCE ignores wmem_max (root only); fall back to what SO_SNDBUF allows.
-    if setsockopt_int(socket.as_fd(), libc::SO_SNDBUFFORCE, SEND_BUFFER).is_err() {
+    // SO_SNDBUFFORCE ignores wmem_max (CAP_NET_ADMIN); fall back to what SO_SNDBUF allows.
+    let forced = setsockopt_int(socket.as_fd(), libc::SO_SNDBUFFORCE, SEND_BUFFER).is_ok();
+    if !forced {
+        log::info!(
+            "the packet socket's send buffer could not be forced (no CAP_NET_ADMIN): \
+             sending one frame per call"
+        );
         let _ = setsockopt_int(socket.as_fd(), libc::SO_SNDBUF, SEND_BUFFER);
     }
-    Ok(socket)
+    Ok((socket, forced))
 }
 
 fn setsockopt_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> std::io::Result<()> {

@@ -1,9 +1,10 @@
 //! The operating system, through narrow doors: rtnetlink, network namespaces, tun/tap
-//! devices, `/proc`, signals and the clock.
+//! devices, `/proc`, sysfs, signals and the clock.
 
 pub(crate) mod clock;
 pub(crate) mod netlink;
 pub(crate) mod netns;
 pub(crate) mod procfs;
 pub(crate) mod signals;
+pub(crate) mod sysfs;
 pub(crate) mod tap;

@@ -14,12 +14,10 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 const TUN_PATH: &str = "/dev/net/tun";
 
 /// `IFF_BACKPRESSURE` (`include/uapi/linux/if_tun.h`, Linux 7.3): the tap stops its queue
-/// when its ring fills, so a qdisc holds packets instead of the driver dropping them. Part of
-/// the ioctl ABI, like the other `IFF_*` flags; the kernel lists it in `TUNGETFEATURES`.
-pub(crate) const IFF_BACKPRESSURE: libc::c_int = 0x0080;
-
-/// `TUNGETFEATURES`: `_IOR('T', 207, unsigned int)` (`include/uapi/linux/if_tun.h`).
-const TUNGETFEATURES: libc::c_ulong = nix::request_code_read!(b'T', 207, size_of::<u32>());
+/// when its ring fills instead of dropping, when a qdisc sits in front of it. A kernel
+/// without it masks the bit off in TUNSETIFF without an error (`tun_set_iff` keeps only
+/// `TUN_FEATURES`), so its support is read from TUNGETFEATURES, never assumed.
+pub(crate) const IFF_BACKPRESSURE: u32 = 0x0080;
 
 /// How to create the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +29,7 @@ pub struct TapOptions {
     pub queues: u16,
     /// `IFF_TUN` (layer 3, no Ethernet header) instead of `IFF_TAP`.
     pub tun: bool,
-    /// `IFF_BACKPRESSURE`: stop the queue when the ring fills instead of dropping (Linux
-    /// 7.3); refused with an error where the kernel lacks it (see [`check_backpressure`]).
+    /// [`IFF_BACKPRESSURE`]: refused with an error on kernels that do not list it.
     pub backpressure: bool,
 }
 
@@ -47,35 +44,38 @@ impl Default for TapOptions {
     }
 }
 
-/// The `IFF_*` flags this kernel's tun accepts (`TUNGETFEATURES`).
+/// The `IFF_*` flags this kernel's tun driver accepts in TUNSETIFF (TUNGETFEATURES on
+/// `/dev/net/tun`).
 ///
 /// # Errors
-/// When `/dev/net/tun` cannot be opened or the ioctl fails.
-pub(crate) fn features() -> Result<libc::c_int> {
+/// When `/dev/net/tun` cannot be opened (tun not loaded) or the ioctl fails.
+pub(crate) fn tun_features() -> Result<u32> {
     let fd = open_tun()?;
     let mut features: libc::c_uint = 0;
-    // SAFETY: TUNGETFEATURES writes one unsigned int; `features` is one and outlives the
-    // call; fd is open.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETFEATURES, &raw mut features) };
+    // SAFETY: TUNGETFEATURES writes one unsigned int; fd is an open /dev/net/tun.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETFEATURES, &raw mut features) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error()).context("TUNGETFEATURES on /dev/net/tun");
     }
-    libc::c_int::try_from(features).context("TUNGETFEATURES returned flags out of range")
+    Ok(features)
 }
 
-/// Whether this kernel's tun has `IFF_BACKPRESSURE`.
+/// Refuses [`IFF_BACKPRESSURE`] on a kernel that would silently ignore it.
 ///
 /// # Errors
-/// When it does not, saying so; when asking fails. TUNSETIFF itself would not tell: it masks
-/// off flags it does not know (`tun_set_iff`: `flags & TUN_FEATURES`), so an older kernel
-/// would silently give a tap that tail-drops.
-pub(crate) fn check_backpressure() -> Result<()> {
-    if features()? & IFF_BACKPRESSURE == 0 {
+/// When this kernel's tun does not list the flag, naming the kernel.
+pub(crate) fn require_backpressure() -> Result<()> {
+    let features = tun_features()?;
+    if features & IFF_BACKPRESSURE == 0 {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(
+            |_| "this kernel".to_owned(),
+            |r| format!("Linux {}", r.trim()),
+        );
         bail!(
-            "this kernel's tun ({}) has no IFF_BACKPRESSURE (TUNGETFEATURES does not list \
-             0x0080; it came with Linux 7.3): its taps tail-drop when the ring is full. Run \
-             on a kernel with it, e.g. `tap-probe vm --kernel debian-7.3 -- ...`",
-            crate::kernel::release()
+            "{release} does not support IFF_BACKPRESSURE: TUNGETFEATURES lists {features:#06x}, \
+             without {IFF_BACKPRESSURE:#06x} (the opt-in arrived with Linux 7.3; older kernels \
+             ignore the flag silently). Leave out --backpressure, or run on a kernel with it \
+             (e.g. tap-probe vm --kernel debian-7.3 -- ...)"
         );
     }
     Ok(())
@@ -121,8 +121,8 @@ impl Tap {
             flags |= libc::IFF_MULTI_QUEUE;
         }
         if opts.backpressure {
-            check_backpressure()?;
-            flags |= IFF_BACKPRESSURE;
+            require_backpressure()?;
+            flags |= libc::c_int::try_from(IFF_BACKPRESSURE).unwrap_or_default();
         }
         let mut actual = name.to_owned();
         let mut queues = Vec::with_capacity(usize::from(opts.queues));
@@ -133,6 +133,15 @@ impl Tap {
                 .with_context(|| format!("cannot open queue {queue} of tap {actual}"))?;
             actual = got;
             queues.push(fd);
+        }
+        if opts.backpressure {
+            let got = tun_flags_of(queues[0].as_fd())?;
+            if got & IFF_BACKPRESSURE == 0 {
+                bail!(
+                    "tap {actual} was created without IFF_BACKPRESSURE although the kernel lists \
+                     it (TUNGETIFF flags {got:#06x}): an existing device with other flags?"
+                );
+            }
         }
         let ifindex = nix::net::if_::if_nametoindex(actual.as_str())
             .with_context(|| format!("tap {actual} was created but its ifindex cannot be read"))?;
@@ -177,6 +186,14 @@ impl Tap {
             .with_context(|| format!("cannot duplicate the fd of queue {i} of tap {}", self.name))
     }
 
+    /// The device's flags as the kernel keeps them (`tun_flags`; TUNGETIFF).
+    ///
+    /// # Errors
+    /// When the ioctl fails.
+    pub fn tun_flags(&self) -> Result<u32> {
+        tun_flags_of(self.queue_fd(0))
+    }
+
     /// Sets or clears `O_NONBLOCK` on every queue fd.
     ///
     /// # Errors
@@ -201,7 +218,24 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, nonblocking: bool) -> Result<(
     Ok(())
 }
 
-/// `/dev/net/tun`, opened.
+/// The device's flags as the kernel keeps them (TUNGETIFF on a queue fd; what
+/// `/sys/class/net/DEV/tun_flags` shows).
+///
+/// # Errors
+/// When the ioctl fails.
+pub(crate) fn tun_flags_of(fd: BorrowedFd<'_>) -> Result<u32> {
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    // SAFETY: TUNGETIFF fills a `struct ifreq`; fd is an attached tun/tap queue.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNGETIFF, &raw mut ifr) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error()).context("TUNGETIFF");
+    }
+    // SAFETY: TUNGETIFF sets ifru_flags (`tun_get_iff`).
+    let flags = unsafe { ifr.ifr_ifru.ifru_flags };
+    Ok(u32::from(flags.cast_unsigned()))
+}
+
 fn open_tun() -> Result<OwnedFd> {
     let file = OpenOptions::new()
         .read(true)

@@ -117,7 +117,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "the tap stops its queue instead of dropping when the ring is full \
                (IFF_BACKPRESSURE)",
         keep: 6,
-        default: true,
+        default: false,
     },
     Column {
         name: "occupancy",
@@ -126,7 +126,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         what: What::State("ring_occupancy"),
         help: "entries in the tap's ring",
         keep: 5,
-        default: true,
+        default: false,
     },
     Column {
         name: "xmit",

@@ -400,7 +400,15 @@ pub(crate) fn plain(metric: &Metric, value: Value) -> (String, Key) {
             Key::Number(f64::from(u8::from(flag))),
         ),
         (Value::Ratio(Some(ratio)), _) => (format!("{ratio:.2}"), Key::Number(ratio)),
-        (Value::Ratio(None), _) => ("-".to_owned(), Key::Number(-1.0)),
+        (Value::Ratio(None) | Value::Missing, _) => ("-".to_owned(), Key::Number(-1.0)),
+        // A level: now / the highest seen.
+        (Value::Distribution(d), _) => match d.current {
+            Some(now) => (
+                format!("{}/{}", count(now), count(d.max)),
+                Key::Number(now as f64),
+            ),
+            None => ("-".to_owned(), Key::Number(-1.0)),
+        },
     }
 }
 

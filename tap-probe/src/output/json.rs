@@ -17,6 +17,24 @@ pub(crate) fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
     Ok(format!("{value}\n"))
 }
 
+/// As [`json_line`], with one more top-level field: `key` holding `value`.
+///
+/// # Errors
+/// Never in practice (serialising plain data).
+pub(crate) fn json_line_with(
+    report: &Report,
+    last: bool,
+    key: &str,
+    value: serde_json::Value,
+) -> anyhow::Result<String> {
+    let mut json = serde_json::to_value(report)?;
+    if let Some(obj) = json.as_object_mut() {
+        obj.insert("final".to_owned(), serde_json::Value::Bool(last));
+        obj.insert(key.to_owned(), value);
+    }
+    Ok(format!("{json}\n"))
+}
+
 impl Serialize for Row {
     /// The labels, then every metric under its name (a dotted name nests), the drop reasons
     /// and whether the device is gone.
@@ -53,6 +71,13 @@ impl Serialize for Row {
                 Value::Count(n) => Json::from(n),
                 Value::Flag(flag) => Json::from(flag),
                 Value::Ratio(ratio) => ratio.map_or(Json::Null, Json::from),
+                Value::Distribution(d) => serde_json::json!({
+                    "current": d.current,
+                    "max": (d.samples > 0).then_some(d.max),
+                    "samples": d.samples,
+                    "histogram": d.histogram,
+                }),
+                Value::Missing => Json::Null,
             };
             put(metric.name, value);
         }

@@ -214,7 +214,7 @@ pub(crate) mod tests {
     use tap_probe_common::QueueCounters;
 
     use super::*;
-    use crate::bpf::backend::{Consume, Sources, Xmit};
+    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
     use crate::host::discovery::{DeviceKind, Owner};
     use crate::host::report::KernelDeltas;
 
@@ -238,6 +238,10 @@ pub(crate) mod tests {
                 ..QueueCounters::default()
             },
             stopped: false,
+            stuck: false,
+            occupancy: None,
+            backpressure: Some(false),
+            wake_sources: true,
             drop_reasons: BTreeMap::new(),
             kernel: KernelDeltas {
                 tx_packets: consumed,
@@ -253,6 +257,9 @@ pub(crate) mod tests {
             sources: Sources {
                 xmit: Xmit::Tracepoints,
                 consumed: Consume::Tracepoint,
+                requeues: Requeues::DequeuePairs,
+                wakes: Wakes::Inferred,
+                ring: Ring::Unavailable("not in this test".to_owned()),
                 notes: Vec::new(),
             },
             programs: None,

@@ -162,6 +162,13 @@ fn cell(metric: &Metric, value: Value, before: Option<(&Row, f64)>) -> String {
             }
         }
         (Value::Count(n), _) => count(n),
+        // A level: now / the highest seen.
+        (Value::Distribution(d), _) => match d.current {
+            Some(now) => format!("{}/{}", count(now), count(d.max)),
+            None => "-".to_owned(),
+        },
+        (Value::Flag(flag), _) => if flag { "yes" } else { "no" }.to_owned(),
+        (Value::Missing, _) => "-".to_owned(),
         (value, _) => note(metric, value).trim_start().to_owned(),
     }
 }
@@ -174,7 +181,9 @@ fn note(metric: &Metric, value: Value) -> String {
         (Value::Ratio(Some(ratio)), Unit::PerPacket) => format!(" ({ratio:.2}/pkt)"),
         (Value::Ratio(Some(ratio)), _) => format!(" ({ratio:.2})"),
         (Value::Count(n), _) => format!(" ({})", count(n)),
-        (Value::Flag(false) | Value::Ratio(None), _) => String::new(),
+        (Value::Flag(false) | Value::Ratio(None) | Value::Missing | Value::Distribution(_), _) => {
+            String::new()
+        }
     }
 }
 
@@ -195,6 +204,19 @@ fn footer(report: &Report, out: &mut String) {
         .collect();
     if !reasons.is_empty() {
         let _ = writeln!(out, "other drops by reason: {}", reasons.join(", "));
+    }
+    let stuck: Vec<String> = report
+        .rows
+        .iter()
+        .filter(|r| r.stuck)
+        .map(|r| format!("{}/q{} (netns {})", r.ifname, r.queue, r.netns))
+        .collect();
+    if !stuck.is_empty() {
+        let _ = writeln!(
+            out,
+            "STUCK: stopped, and the reader took nothing since: {}",
+            stuck.join(", ")
+        );
     }
     let _ = writeln!(out, "{:.1} s since attach", report.elapsed_s);
 }

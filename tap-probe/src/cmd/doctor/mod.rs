@@ -9,8 +9,8 @@ use tap_probe_common::KernelFacts;
 use crate::bpf::backend::Sources;
 use crate::bpf::probe::Probe;
 use crate::cli::Format;
-use crate::kernel::KernelInfo;
 use crate::kernel::kallsyms::Kallsyms;
+use crate::kernel::{KernelInfo, TunBackpressure};
 use crate::kernel::{btf, kallsyms, privileges};
 
 mod render;
@@ -35,7 +35,10 @@ const FUNCTIONS: &[&str] = &[
     "tun_ring_consume",
     "tap_ring_consume",
     "__tun_wake_queue",
+    "tun_wake_queue",
+    "tun_force_wake_queue",
     "netif_tx_wake_queue",
+    "sch_direct_xmit",
     "ptr_ring_consume_batched",
 ];
 
@@ -223,6 +226,20 @@ impl Serialize for Facts {
     }
 }
 
+/// What this kernel's tun does with a full ring, and whether taps can opt in.
+#[derive(Debug, Serialize)]
+struct Tun {
+    /// TUNGETFEATURES on `/dev/net/tun`, in hex.
+    features: Check,
+    /// Whether TUNSETIFF takes `IFF_BACKPRESSURE` (older kernels ignore it silently).
+    iff_backpressure: bool,
+    /// `never` (tail-drop), `always` (the series as posted), `opt_in` (per tap, 7.3);
+    /// `null` when unknown.
+    backpressure: Option<TunBackpressure>,
+    /// Where the ring offsets come from, or why there are none.
+    ring_offsets: Check,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     kernel_release: Check,
@@ -230,6 +247,7 @@ struct Report {
     tracefs: Check,
     capabilities: Check,
     ebpf_object: Check,
+    tun: Option<Tun>,
     attach: Vec<Trial>,
     backend: Backend,
     kallsyms: Check,
@@ -300,6 +318,7 @@ fn collect() -> Report {
         Err(err) => Check::failed(err),
     };
     let facts = kernel.as_ref().ok().map(|k| k.facts);
+    let tun = kernel.as_ref().ok().map(tun_report);
     let named_ranges = kernel
         .as_ref()
         .map(|k| k.reader_ranges.clone())
@@ -332,6 +351,7 @@ fn collect() -> Report {
         tracefs,
         capabilities,
         ebpf_object,
+        tun,
         attach,
         backend,
         kallsyms: kallsyms_check,
@@ -348,6 +368,30 @@ fn collect() -> Report {
                 len: r.range.end - r.range.start,
             })
             .collect(),
+    }
+}
+
+fn tun_report(kernel: &KernelInfo) -> Tun {
+    let features = match &kernel.tun_features {
+        Ok(features) => Check::ok(format!("{features:#06x}")),
+        Err(err) => Check::failed(&anyhow!("{err}")),
+    };
+    let iff_backpressure = kernel
+        .tun_features
+        .as_ref()
+        .is_ok_and(|f| f & crate::os::tap::IFF_BACKPRESSURE != 0);
+    let ring_offsets = match &kernel.ring_facts {
+        Ok(from) => Check::ok(format!(
+            "from {from}: tun_file.tx_ring at {}, netdev_priv at {}",
+            kernel.facts.ring.tfile_tx_ring, kernel.facts.ring.dev_priv
+        )),
+        Err(err) => Check::failed(&anyhow!("{err}")),
+    };
+    Tun {
+        features,
+        iff_backpressure,
+        backpressure: kernel.tun_backpressure,
+        ring_offsets,
     }
 }
 

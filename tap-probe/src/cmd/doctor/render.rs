@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{Backend, Check, Report, Status};
+use crate::kernel::TunBackpressure;
 use crate::output::table::Table;
 
 /// Lays out rows as left-aligned columns.
@@ -56,6 +57,44 @@ pub(super) fn render_table(r: &Report) -> String {
         ],
     );
 
+    if let Some(tun) = &r.tun {
+        let backpressure = match tun.backpressure {
+            Some(TunBackpressure::Never) => {
+                "tail-drop: the ring drops when full, whatever the qdisc"
+            }
+            Some(TunBackpressure::Always) => {
+                "the series as posted: every tap with a qdisc stops its queue instead of dropping"
+            }
+            Some(TunBackpressure::OptIn) => {
+                "per tap: a tap opened with IFF_BACKPRESSURE and a qdisc stops its queue"
+            }
+            None => "unknown (see TUNGETFEATURES)",
+        };
+        out.push_str("\ntun\n");
+        columns(
+            &mut out,
+            "  ",
+            &[
+                check_row("TUNGETFEATURES", &tun.features),
+                vec![
+                    "IFF_BACKPRESSURE".to_owned(),
+                    if tun.iff_backpressure { "yes" } else { "no" }.to_owned(),
+                    if tun.iff_backpressure {
+                        "load/demo --backpressure work".to_owned()
+                    } else {
+                        "not supported: TUNSETIFF ignores the flag here".to_owned()
+                    },
+                ],
+                vec![
+                    "full ring".to_owned(),
+                    String::new(),
+                    backpressure.to_owned(),
+                ],
+                check_row("ring offsets", &tun.ring_offsets),
+            ],
+        );
+    }
+
     out.push_str("\nattach trials (load, attach, detach)\n");
     let rows: Vec<Vec<String>> = r
         .attach
@@ -78,11 +117,10 @@ pub(super) fn render_table(r: &Report) -> String {
     match &r.backend {
         Backend::Sources(sources) => {
             let _ = writeln!(out, "\nwatch --backend auto attaches:");
-            let what = ["driver calls", "drops", "reader takes", "queue state"];
-            let rows: Vec<Vec<String>> = what
-                .iter()
-                .zip(sources.groups())
-                .map(|(what, (_, source))| vec![(*what).to_owned(), source])
+            let rows: Vec<Vec<String>> = sources
+                .groups()
+                .into_iter()
+                .map(|(_, what, source)| vec![what.to_owned(), source])
                 .collect();
             columns(&mut out, "  ", &rows);
             for note in &sources.notes {

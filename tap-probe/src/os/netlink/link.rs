@@ -153,7 +153,7 @@ impl Rtnl {
     ///
     /// # Errors
     /// When the kernel refuses.
-    pub(crate) fn set_tx_queue_len(&mut self, ifindex: u32, len: u32) -> Result<()> {
+    pub fn set_tx_queue_len(&mut self, ifindex: u32, len: u32) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = ifindex;
         msg.attributes.push(LinkAttribute::TxQueueLen(len));

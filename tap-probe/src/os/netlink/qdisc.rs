@@ -21,9 +21,7 @@ pub enum RootQdisc {
     PfifoFast,
     /// One FIFO; `limit` packets, or `tx_queue_len` when `None`.
     Pfifo { limit: Option<u32> },
-    /// Flow queueing with `CoDel`, with its defaults (10240 packets, 5 ms target): the default
-    /// qdisc of most distributions (Debian's kernels are built with it as the default), an
-    /// AQM that drops packets that waited too long. Not built into every kernel.
+    /// Fair queueing with `CoDel`'s delay control, with its defaults (10240 packets).
     FqCodel,
 }
 
@@ -79,7 +77,22 @@ impl Rtnl {
                 "replace the root qdisc of link {ifindex} with {}",
                 qdisc.kind()
             ),
-        )?;
+        )
+        .map_err(|err| {
+            // qdisc_lookup_ops found no such kind, built in or as a module.
+            if err
+                .downcast_ref::<super::socket::NetlinkError>()
+                .is_some_and(|e| e.errno == libc::ENOENT)
+            {
+                err.context(format!(
+                    "this kernel has no {} qdisc (neither built in nor a loadable module); \
+                     choose another --qdisc",
+                    qdisc.kind()
+                ))
+            } else {
+                err
+            }
+        })?;
         Ok(())
     }
 

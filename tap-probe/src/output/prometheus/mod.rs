@@ -12,6 +12,7 @@ mod server;
 pub(crate) use server::Exporter;
 use tap_probe_common::{Kind, METRICS, Metric, Unit};
 
+use crate::bpf::probe::RingOccupancy;
 use crate::host::report::{Report, Row, Value};
 
 /// The exposition text of `report`. Devices that disappeared are left out, so their series
@@ -27,16 +28,18 @@ pub(crate) fn exposition(report: &Report) -> String {
         let kind = match metric.kind {
             Kind::Counter => "counter",
             Kind::Gauge | Kind::Derived => "gauge",
+            Kind::Distribution => {
+                distribution(&mut out, name, metric, &rows);
+                continue;
+            }
         };
         let _ = writeln!(out, "# HELP tap_probe_{name} {}", metric.help);
         let _ = writeln!(out, "# TYPE tap_probe_{name} {kind}");
         for row in &rows {
-            let _ = writeln!(
-                out,
-                "tap_probe_{name}{{{}}} {}",
-                labels(row),
-                sample(metric, row.value(metric))
-            );
+            // A value not known here has no sample: a series absent, not a made-up zero.
+            if let Some(value) = sample(metric, row.value(metric)) {
+                let _ = writeln!(out, "tap_probe_{name}{{{}}} {value}", labels(row));
+            }
         }
     }
     out.push_str(
@@ -62,14 +65,73 @@ pub(crate) fn exposition(report: &Report) -> String {
     out
 }
 
-/// A sample's value: seconds for times, 1 or 0 for flags.
+/// A sample's value: seconds for times, 1 or 0 for flags; `None` for a value not known.
 #[expect(clippy::cast_precision_loss, reason = "Prometheus samples are floats")]
-fn sample(metric: &Metric, value: Value) -> f64 {
-    match (value, metric.unit) {
+fn sample(metric: &Metric, value: Value) -> Option<f64> {
+    Some(match (value, metric.unit) {
         (Value::Count(ns), Unit::Nanoseconds) => ns as f64 / 1e9,
         (Value::Count(n), _) => n as f64,
         (Value::Flag(flag), _) => f64::from(u8::from(flag)),
         (Value::Ratio(ratio), _) => ratio.unwrap_or(f64::NAN),
+        (Value::Distribution(_) | Value::Missing, _) => return None,
+    })
+}
+
+/// A sampled level as three families: the latest sample (a gauge named `name`), the
+/// highest (`name_max`) and all samples by level (the histogram `name_samples`, with a
+/// bucket per power of two).
+fn distribution(out: &mut String, name: &str, metric: &Metric, rows: &[&Row]) {
+    let samples: Vec<(&Row, RingOccupancy)> = rows
+        .iter()
+        .filter_map(|row| match row.value(metric) {
+            Value::Distribution(d) => Some((*row, d)),
+            _ => None,
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "# HELP tap_probe_{name} {} The latest sample.\n# TYPE tap_probe_{name} gauge",
+        metric.help
+    );
+    for (row, d) in &samples {
+        if let Some(now) = d.current {
+            let _ = writeln!(out, "tap_probe_{name}{{{}}} {now}", labels(row));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tap_probe_{name}_max The highest sample since tracking began.\n\
+         # TYPE tap_probe_{name}_max gauge"
+    );
+    for (row, d) in &samples {
+        if d.samples > 0 {
+            let _ = writeln!(out, "tap_probe_{name}_max{{{}}} {}", labels(row), d.max);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tap_probe_{name}_samples All samples since tracking began, by level.\n\
+         # TYPE tap_probe_{name}_samples histogram"
+    );
+    for (row, d) in &samples {
+        let labels = labels(row);
+        let mut cumulative = 0;
+        for (k, n) in d.histogram.iter().enumerate() {
+            cumulative += n;
+            if let Some(bound) = RingOccupancy::bucket_bound(k) {
+                let _ = writeln!(
+                    out,
+                    "tap_probe_{name}_samples_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "tap_probe_{name}_samples_bucket{{{labels},le=\"+Inf\"}} {}\n\
+             tap_probe_{name}_samples_sum{{{labels}}} {}\n\
+             tap_probe_{name}_samples_count{{{labels}}} {}",
+            d.samples, d.sum, d.samples
+        );
     }
 }
 
@@ -123,8 +185,31 @@ mod tests {
                 queue_wakes: 1,
                 stopped_ns: 1_500_000_000,
                 reader_sleeps: 4,
+                requeued_stopped: 2,
+                wakes_reader: 1,
+                wakes_vhost: 0,
+                wakes_forced: 0,
+                wakes_other: 0,
+                wakes_recheck: 3,
             },
             stopped: true,
+            stuck: true,
+            occupancy: Some(RingOccupancy {
+                current: Some(3),
+                max: 8,
+                samples: 4,
+                sum: 14,
+                histogram: {
+                    // Samples 1, 2, 3 and 8.
+                    let mut h = [0; tap_probe_common::OCCUPANCY_BUCKETS];
+                    h[1] = 1;
+                    h[2] = 2;
+                    h[4] = 1;
+                    h
+                },
+            }),
+            backpressure: Some(true),
+            wake_sources: true,
             drop_reasons: [("xmit_error".to_owned(), 3)].into(),
             kernel: KernelDeltas {
                 tx_packets: 6,
@@ -140,6 +225,9 @@ mod tests {
             sources: crate::bpf::backend::Sources {
                 xmit: crate::bpf::backend::Xmit::Tracepoints,
                 consumed: crate::bpf::backend::Consume::Tracepoint,
+                requeues: crate::bpf::backend::Requeues::DequeuePairs,
+                wakes: crate::bpf::backend::Wakes::Inferred,
+                ring: crate::bpf::backend::Ring::Unavailable("not in this test".to_owned()),
                 notes: Vec::new(),
             },
             programs: None,
@@ -191,7 +279,8 @@ mod tests {
     }
 
     /// The exposition as it has been since the families were introduced, byte for byte:
-    /// scrapers and dashboards depend on the names, the order does not hurt to keep.
+    /// scrapers and dashboards depend on the names, the order does not hurt to keep. New
+    /// families come in between; none that was there changed.
     #[test]
     fn exposition_is_unchanged() {
         const GOLDEN: &str = r#"# HELP tap_probe_xmit_calls_total Calls into the driver's ndo_start_xmit.
@@ -203,6 +292,9 @@ tap_probe_enqueued_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="
 # HELP tap_probe_busy_total NETDEV_TX_BUSY returns (the packet goes back to the qdisc).
 # TYPE tap_probe_busy_total counter
 tap_probe_busy_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_requeued_stopped_total Packets the qdisc put back without a driver call because the queue was stopped.
+# TYPE tap_probe_requeued_stopped_total counter
+tap_probe_requeued_stopped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
 # HELP tap_probe_dropped_full_ring_total Packets freed inside the driver because the ring was full (tail-drop).
 # TYPE tap_probe_dropped_full_ring_total counter
 tap_probe_dropped_full_ring_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
@@ -218,15 +310,64 @@ tap_probe_queue_stops_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queu
 # HELP tap_probe_queue_wakes_total Transitions of the queue to running (DRV_XOFF cleared).
 # TYPE tap_probe_queue_wakes_total counter
 tap_probe_queue_wakes_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_wakes_reader_total Queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).
+# TYPE tap_probe_wakes_reader_total counter
+tap_probe_wakes_reader_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_wakes_vhost_total Queue wakes by vhost-net after a batched take (tun_wake_queue).
+# TYPE tap_probe_wakes_vhost_total counter
+tap_probe_wakes_vhost_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_wakes_forced_total Queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).
+# TYPE tap_probe_wakes_forced_total counter
+tap_probe_wakes_forced_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_wakes_other_total Queue wakes from any other caller of netif_tx_wake_queue.
+# TYPE tap_probe_wakes_other_total counter
+tap_probe_wakes_other_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_wakes_recheck_total Stops undone by the driver's own re-check within the driver call (a lost race).
+# TYPE tap_probe_wakes_recheck_total counter
+tap_probe_wakes_recheck_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 3
 # HELP tap_probe_stopped_seconds_total Time the queue spent stopped, including a stop still running.
 # TYPE tap_probe_stopped_seconds_total counter
 tap_probe_stopped_seconds_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1.5
 # HELP tap_probe_queue_stopped 1 while the queue is stopped, as last observed.
 # TYPE tap_probe_queue_stopped gauge
 tap_probe_queue_stopped{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
+# HELP tap_probe_queue_stuck 1 while the queue is stopped and its reader took nothing for longer than --stuck-after.
+# TYPE tap_probe_queue_stuck gauge
+tap_probe_queue_stuck{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
 # HELP tap_probe_reader_sleeps_total Times the queue's reader slept between two packets it took.
 # TYPE tap_probe_reader_sleeps_total counter
 tap_probe_reader_sleeps_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 4
+# HELP tap_probe_ring_occupancy Entries in the tap's ptr_ring, sampled at every driver call and reader take. The latest sample.
+# TYPE tap_probe_ring_occupancy gauge
+tap_probe_ring_occupancy{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 3
+# HELP tap_probe_ring_occupancy_max The highest sample since tracking began.
+# TYPE tap_probe_ring_occupancy_max gauge
+tap_probe_ring_occupancy_max{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 8
+# HELP tap_probe_ring_occupancy_samples All samples since tracking began, by level.
+# TYPE tap_probe_ring_occupancy_samples histogram
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="0"} 0
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="1"} 1
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="3"} 3
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="7"} 3
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="15"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="31"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="63"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="127"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="255"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="511"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="1023"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="2047"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="4095"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="8191"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="16383"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="32767"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="65535"} 4
+tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="+Inf"} 4
+tap_probe_ring_occupancy_samples_sum{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 14
+tap_probe_ring_occupancy_samples_count{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 4
+# HELP tap_probe_backpressure 1 when the tap stops its queue instead of tail-dropping (IFF_BACKPRESSURE).
+# TYPE tap_probe_backpressure gauge
+tap_probe_backpressure{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
 # HELP tap_probe_kernel_tx_packets_total The device's own tx_packets since tracking began (per device, on every queue).
 # TYPE tap_probe_kernel_tx_packets_total counter
 tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6

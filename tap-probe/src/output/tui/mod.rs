@@ -210,7 +210,7 @@ mod tests {
                 text.contains("80000/s"),
                 "the rate beside the total: {text}"
             );
-            assert!(text.contains("sources: xmit:"), "{text}");
+            assert!(text.contains("sources: driver calls:"), "{text}");
             assert!(lines.last().unwrap().contains("q quit"), "{text}");
         }
     }

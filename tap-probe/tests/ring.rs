@@ -1,0 +1,268 @@
+//! The tap's ring as the programs read it: its occupancy against what went in and came out,
+//! and a stopped queue whose reader takes nothing called stuck. Each test asks the kernel
+//! what its tun does with a full ring (or an empty one) and checks that.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use tap_probe::lab::{self, Backend, Filter, Row, SenderConfig, TapOptions, Watcher};
+use tap_probe::lab::{NamedNetns, RootQdisc, Rtnl, Tap, TunBackpressure, run_in};
+
+/// The tap's ring: `tx_queue_len`, the default of a new tap.
+const RING: u64 = 1000;
+
+fn watch(ns: &NamedNetns, name: &str) -> Vec<(Backend, Watcher)> {
+    let filter = Filter {
+        globs: vec![name.to_owned()],
+        netns: Some(ns.name().to_owned()),
+    };
+    let mut watchers = common::watchers(&filter);
+    for (_, w) in &mut watchers {
+        w.set_stuck_after(Duration::from_secs(1));
+        assert_eq!(w.refresh().unwrap().rows.len(), 1);
+    }
+    watchers
+}
+
+fn rows(watchers: &mut [(Backend, Watcher)]) -> Vec<(Backend, Row)> {
+    watchers
+        .iter_mut()
+        .map(|(b, w)| (*b, w.refresh().unwrap().rows.remove(0)))
+        .collect()
+}
+
+fn send(ns: &NamedNetns, tap: &Tap, frames: u64) -> lab::SendReport {
+    let cfg = SenderConfig {
+        batch: 1,
+        ..SenderConfig::new(tap.ifindex(), frames, Duration::from_secs(20))
+    };
+    run_in(ns.path(), || lab::send(&cfg)).unwrap()
+}
+
+/// Reads `n` frames from the tap's queue (non-blocking: they are there).
+fn read(tap: &Tap, n: u64) {
+    tap.set_nonblocking(true).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    for i in 0..n {
+        nix::unistd::read(tap.queue_fd(0), &mut buf)
+            .unwrap_or_else(|err| panic!("frame {i} of {n}: {err}"));
+    }
+}
+
+/// At rest the ring holds what went in and was not taken: with the reader paused it fills
+/// to its size (no take yet, so no slot waits for its batched zeroing), then each take
+/// frees one.
+#[test]
+fn ring_occupancy_follows_what_went_in_and_out() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("ring").unwrap();
+    // No qdisc: every kernel tail-drops beyond the ring, with or without the fix.
+    let tap = common::tap_in(&ns, "tpr0", RootQdisc::Noqueue).unwrap();
+    let mut watchers = watch(&ns, "tpr0");
+    let sent = send(&ns, &tap, RING + 500);
+    assert_eq!(sent.attempted, RING + 500);
+    let check = |rows: &[(Backend, Row)], watchers: &[(Backend, Watcher)], level: u64| {
+        for ((backend, row), (_, w)) in rows.iter().zip(watchers) {
+            if !common::exact(*backend, w) {
+                continue;
+            }
+            let c = &row.counters;
+            let ring = row.occupancy.expect("a tap's ring is sampled");
+            eprintln!("{backend:?}: {c:?}\n{ring:?}");
+            assert_eq!(
+                ring.current,
+                Some(c.enqueued - c.consumed),
+                "{backend:?}: the ring holds what went in and was not taken"
+            );
+            assert_eq!(ring.current, Some(level), "{backend:?}");
+            assert_eq!(ring.max, RING, "{backend:?}: it filled to its size");
+            assert_eq!(
+                ring.samples,
+                c.xmit_calls + c.consumed,
+                "{backend:?}: a sample per driver call and take"
+            );
+            assert_eq!(c.dropped_full_ring, 500, "{backend:?}: {c:?}");
+        }
+        common::assert_backends_agree(rows, watchers);
+    };
+    let now = rows(&mut watchers);
+    check(&now, &watchers, RING);
+    read(&tap, 300);
+    let now = rows(&mut watchers);
+    check(&now, &watchers, RING - 300);
+    read(&tap, RING - 300);
+    let end = rows(&mut watchers);
+    check(&end, &watchers, 0);
+    for ((backend, row), (_, w)) in end.iter().zip(&watchers) {
+        if !common::exact(*backend, w) {
+            continue;
+        }
+        let ring = row.occupancy.unwrap();
+        // The produces sample 1 up to the size, the drops the size, the takes walk back
+        // down: the ring is seen empty once, after the last take.
+        assert_eq!(
+            ring.histogram.iter().sum::<u64>(),
+            ring.samples,
+            "{backend:?}"
+        );
+        assert_eq!(
+            ring.histogram[0], 1,
+            "{backend:?}: empty again once, at the end"
+        );
+    }
+    drop(watchers);
+    drop(tap);
+    drop(ns);
+}
+
+/// A reader that stops taking while its queue is stopped leaves the queue stuck: on a
+/// kernel with the fix the ring fills, the queue stops and nothing wakes it until the
+/// reader comes back. Without the fix the ring drops and the queue never stops.
+#[test]
+fn a_stopped_queue_whose_reader_pauses_is_stuck() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let kernel = common::kernel();
+    let ns = common::quiet_netns("stuck").unwrap();
+    let opts = TapOptions {
+        backpressure: common::has_backpressure_flag(&kernel),
+        ..TapOptions::default()
+    };
+    // A qdisc with room for what does not fit the ring.
+    let qdisc = RootQdisc::Pfifo { limit: Some(2000) };
+    let tap = common::tap_with(&ns, "tpst0", qdisc, opts).unwrap();
+    let stops = common::stops_instead_of_dropping(&kernel, &tap, qdisc);
+    let mut watchers = watch(&ns, "tpst0");
+    send(&ns, &tap, RING + 500);
+    let first = rows(&mut watchers);
+    std::thread::sleep(Duration::from_millis(1200));
+    let later = rows(&mut watchers);
+    for (((backend, row), (_, before)), (_, w)) in later.iter().zip(&first).zip(&watchers) {
+        if !common::exact(*backend, w) {
+            continue;
+        }
+        eprintln!("{backend:?}: stops instead of dropping: {stops}\n{row:#?}");
+        assert!(!before.stuck, "{backend:?}: not stuck before the limit");
+        assert_eq!(row.stuck, stops, "{backend:?}");
+        assert_eq!(row.stopped, stops, "{backend:?}");
+        if stops {
+            assert_eq!(row.counters.consumed, 0, "{backend:?}");
+            assert_eq!(row.counters.dropped_full_ring, 0, "{backend:?}");
+        } else {
+            assert_eq!(row.counters.dropped_full_ring, 500, "{backend:?}");
+        }
+    }
+    // The reader comes back: the queue wakes and is no longer stuck.
+    tap.set_nonblocking(true).unwrap();
+    let drained = lab_drain(&tap);
+    assert_eq!(drained, RING + if stops { 500 } else { 0 });
+    let end = rows(&mut watchers);
+    for ((backend, row), (_, w)) in end.iter().zip(&watchers) {
+        if !common::exact(*backend, w) {
+            continue;
+        }
+        assert!(!row.stuck, "{backend:?}: {row:?}");
+        assert!(!row.stopped, "{backend:?}");
+        assert_eq!(
+            row.counters.queue_stops, row.counters.queue_wakes,
+            "{backend:?}"
+        );
+        assert_eq!(row.counters.consumed, drained, "{backend:?}");
+    }
+    common::assert_backends_agree(&end, &watchers);
+    drop(watchers);
+    drop(tap);
+    drop(ns);
+}
+
+/// A tap whose ring has no room at all (`tx_queue_len` 0) under a qdisc: the series as
+/// posted stops the queue on the first packet and nothing ever wakes it (no take can make
+/// room), a stall the stuck flag shows; the fix as merged and a stock kernel drop at the
+/// ring instead (`__ptr_ring_check_produce` is -EINVAL, not -ENOSPC, for a ring of size 0).
+#[test]
+fn a_ring_without_room_stalls_only_the_posted_series() {
+    const FRAMES: u64 = 300;
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let kernel = common::kernel();
+    let mode = kernel.tun_backpressure.expect("TUNGETFEATURES");
+    let ns = common::quiet_netns("stall").unwrap();
+    let qdisc = RootQdisc::Pfifo { limit: Some(1000) };
+    let tap = run_in(ns.path(), || {
+        let tap = Tap::create(
+            "tpz0",
+            TapOptions {
+                backpressure: mode == TunBackpressure::OptIn,
+                ..TapOptions::default()
+            },
+        )?;
+        let mut rtnl = Rtnl::open()?;
+        rtnl.set_tx_queue_len(tap.ifindex(), 0)?;
+        rtnl.replace_root_qdisc(tap.ifindex(), qdisc)?;
+        rtnl.set_up(tap.ifindex())?;
+        Ok(tap)
+    })
+    .unwrap();
+    let stalls = mode == TunBackpressure::Always;
+    let mut watchers = watch(&ns, "tpz0");
+    let sent = send(&ns, &tap, FRAMES);
+    assert_eq!(sent.attempted, FRAMES);
+    std::thread::sleep(Duration::from_millis(1200));
+    let end = rows(&mut watchers);
+    for ((backend, row), (_, w)) in end.iter().zip(&watchers) {
+        eprintln!("{backend:?}: {mode:?}\n{row:#?}");
+        if !common::exact(*backend, w) {
+            continue;
+        }
+        let c = &row.counters;
+        assert_eq!(row.stuck, stalls, "{backend:?}");
+        assert_eq!(c.enqueued, 0, "{backend:?}: a ring of size 0 takes nothing");
+        if stalls {
+            // The first packet found no room and went back (busy); the queue stopped and
+            // the qdisc holds the rest.
+            assert_eq!(c.xmit_calls, 1, "{backend:?}");
+            assert_eq!(c.busy, 1, "{backend:?}");
+            assert_eq!(c.queue_stops, 1, "{backend:?}");
+            assert_eq!(c.queue_wakes, 0, "{backend:?}");
+            assert!(row.stopped, "{backend:?}");
+        } else {
+            assert_eq!(c.dropped_full_ring, FRAMES, "{backend:?}");
+            assert_eq!(c.queue_stops, 0, "{backend:?}");
+        }
+        assert_eq!(row.occupancy.unwrap().max, 0, "{backend:?}");
+    }
+    common::assert_backends_agree(&end, &watchers);
+    drop(watchers);
+    drop(tap);
+    drop(ns);
+}
+
+/// Reads until the queue stays empty a moment; the frames read.
+fn lab_drain(tap: &Tap) -> u64 {
+    let mut buf = vec![0u8; 65_536];
+    let mut n = 0;
+    let mut idle = 0;
+    while idle < 20 {
+        match nix::unistd::read(tap.queue_fd(0), &mut buf) {
+            Ok(_) => {
+                n += 1;
+                idle = 0;
+            }
+            Err(nix::errno::Errno::EAGAIN) => {
+                idle += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(err) => panic!("reading the tap: {err}"),
+        }
+    }
+    n
+}
