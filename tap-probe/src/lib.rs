@@ -19,8 +19,8 @@ pub use cli::main;
 
 /// The replay model, for the fidelity test.
 pub mod model {
-    pub use crate::replay::load_recording;
     pub use crate::replay::policy::Policy;
     pub use crate::replay::ring::X86_64_BATCH;
     pub use crate::replay::sim::{SimConfig, simulate};
+    pub use crate::replay::{Cut, load_recording, salvage_recording};
 }
