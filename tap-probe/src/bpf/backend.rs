@@ -18,8 +18,8 @@ use aya::Ebpf;
 use aya::programs::{KProbe, RawTracePoint};
 use serde::Serialize;
 use tap_probe_common::{
-    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT,
-    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+    METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE,
+    PROG_START_XMIT, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, Source,
 };
 
 use crate::kernel::KernelInfo;
@@ -76,6 +76,27 @@ pub(crate) enum Consume {
     Tracepoint,
 }
 
+/// The groups of counters that share their sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Group {
+    Xmit,
+    Drops,
+    Consumed,
+    QueueState,
+}
+
+/// The group of a counter of the counter table (`tap_probe_common::METRICS`); a test checks
+/// that every counter the programs count has one.
+fn group_of(counter: &str) -> Option<Group> {
+    Some(match counter {
+        "xmit_calls" | "enqueued" | "busy" => Group::Xmit,
+        "dropped_full_ring" | "dropped_other" => Group::Drops,
+        "consumed" | "reader_sleeps" => Group::Consumed,
+        "queue_stops" | "queue_wakes" | "stopped_ns" => Group::QueueState,
+        _ => return None,
+    })
+}
+
 /// Drops: the only source of the drop reason.
 const DROPS: &str = "tracepoint skb:kfree_skb";
 /// The queue state: read where it changes or shows.
@@ -102,10 +123,22 @@ impl std::fmt::Display for Consume {
 }
 
 impl Sources {
-    /// The kind of hook behind each group of counters, in a few words: the trace header's
-    /// record of what produced the events.
+    /// The kind of hook behind each counter the programs count, as `counter=hook` pairs in
+    /// the counter table's order: the trace header's record of what produced the events.
+    /// A hook is `kprobe`, `tracepoint`, or `kprobe+tracepoint` for the queue state when
+    /// driver calls come from kprobes (it is read after each call and at each dequeue).
     #[must_use]
     pub(crate) fn hooks(&self) -> String {
+        self.per_counter()
+            .iter()
+            .map(|(counter, hook)| format!("{counter}={hook}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Each counter of the programs and the kind of hook that feeds it.
+    #[must_use]
+    pub(crate) fn per_counter(&self) -> Vec<(&'static str, &'static str)> {
         let xmit = match self.xmit {
             Xmit::Kprobes(_) => "kprobe",
             Xmit::Tracepoints => "tracepoint",
@@ -114,7 +147,24 @@ impl Sources {
             Consume::Kprobe => "kprobe",
             Consume::Tracepoint => "tracepoint",
         };
-        format!("xmit={xmit}, consumed={consumed}, drops=tracepoint, queue_state=tracepoint")
+        let queue_state = match self.xmit {
+            Xmit::Kprobes(_) => "kprobe+tracepoint",
+            Xmit::Tracepoints => "tracepoint",
+        };
+        METRICS
+            .iter()
+            .filter(|m| matches!(m.source, Source::Programs(_)))
+            .map(|m| {
+                let hook = match group_of(m.name) {
+                    Some(Group::Xmit) => xmit,
+                    Some(Group::Drops) => "tracepoint",
+                    Some(Group::Consumed) => consumed,
+                    Some(Group::QueueState) => queue_state,
+                    None => "unknown",
+                };
+                (m.name, hook)
+            })
+            .collect()
     }
 
     /// Each group of counters and its source, in the order the JSON has them.
@@ -285,7 +335,24 @@ mod tests {
         );
         assert_eq!(
             sources.hooks(),
-            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint"
+            "xmit_calls=kprobe, enqueued=kprobe, busy=kprobe, dropped_full_ring=tracepoint, \
+             dropped_other=tracepoint, consumed=tracepoint, queue_stops=kprobe+tracepoint, \
+             queue_wakes=kprobe+tracepoint, stopped_ns=kprobe+tracepoint, \
+             reader_sleeps=tracepoint"
         );
+    }
+
+    /// Every counter the programs count is in a group, so the trace header names its hook.
+    #[test]
+    fn every_counter_has_a_group() {
+        for metric in METRICS {
+            if matches!(metric.source, Source::Programs(_)) {
+                assert!(
+                    group_of(metric.name).is_some(),
+                    "{} has no group",
+                    metric.name
+                );
+            }
+        }
     }
 }

@@ -55,6 +55,19 @@ pub(crate) struct DeviceCounters {
     pub(crate) drop_reasons: BTreeMap<(u32, u32), u64>,
 }
 
+/// Events the programs could not write because the ring buffer was full, per CPU.
+pub(crate) struct EventsLost(PerCpuArray<MapData, u64>);
+
+impl EventsLost {
+    /// The sum over CPUs.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub(crate) fn total(&self) -> anyhow::Result<u64> {
+        Ok(self.0.get(&0, 0)?.iter().sum())
+    }
+}
+
 pub(crate) struct Probe {
     ebpf: Ebpf,
     /// The programs' debug messages, when the log level shows them.
@@ -311,6 +324,19 @@ impl Probe {
     pub(crate) fn events_lost(&self) -> anyhow::Result<u64> {
         let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_EVENTS_LOST)?)?;
         Ok(lost.get(&0, 0)?.iter().sum())
+    }
+
+    /// The lost-event counter, moved out of the probe so that it can still be read once the
+    /// programs are detached (dropping the probe detaches them).
+    ///
+    /// # Errors
+    /// When it was taken already.
+    pub(crate) fn take_events_lost(&mut self) -> anyhow::Result<EventsLost> {
+        let map = self
+            .ebpf
+            .take_map(MAP_EVENTS_LOST)
+            .ok_or_else(|| anyhow!("the lost-event counter was taken already"))?;
+        Ok(EventsLost(PerCpuArray::try_from(map)?))
     }
 
     fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
