@@ -400,3 +400,52 @@ fn a_full_disk_ends_the_recording_cleanly() {
     }
     drop(disk);
 }
+
+/// Multi-queue taps for the test below: 70 of 256 queues each are more than the probe's 16384
+/// counter slots.
+const TAPS: usize = 70;
+
+/// Multi-queue taps have 256 transmit queues each whatever number is attached: recorded as
+/// `watch` counts them (the first 64), 70 of them fit the probe's tables.
+#[test]
+fn multi_queue_taps_are_recorded_within_the_tables() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("rmq").unwrap();
+    let taps: Vec<tap_probe::lab::Tap> = tap_probe::lab::run_in(ns.path(), || {
+        (0..TAPS)
+            .map(|i| {
+                tap_probe::lab::Tap::create(
+                    &format!("tpq{i}"),
+                    tap_probe::lab::TapOptions {
+                        multi_queue: true,
+                        queues: 1,
+                        tun: false,
+                    },
+                )
+            })
+            .collect()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("mq.trace");
+    let out = Command::new(BIN)
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--netns", ns.name(), "--duration", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("not recording"), "{stderr}");
+    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    assert_eq!(rec.header.devices.len(), TAPS);
+    assert!(
+        rec.header.devices.iter().all(|d| d.queues == 64),
+        "{:?}",
+        rec.header.devices
+    );
+    drop(taps);
+}

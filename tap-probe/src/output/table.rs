@@ -194,6 +194,15 @@ fn footer(report: &Report, out: &mut String) {
     if !reasons.is_empty() {
         let _ = writeln!(out, "other drops by reason: {}", reasons.join(", "));
     }
+    if let Some(first) = report.untracked.first() {
+        let _ = writeln!(
+            out,
+            "not counted: {} matching devices ({}, ...): {}",
+            report.untracked.len(),
+            first.ifname,
+            first.reason
+        );
+    }
     let _ = writeln!(
         out,
         "{:.1} s since attach; STOPPED * = stopped now; SLEEPS = times the reader slept \

@@ -55,6 +55,13 @@ pub(crate) fn exposition(report: &Report) -> String {
     }
     let _ = write!(
         out,
+        "# HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's \
+         tables are full).\n# TYPE tap_probe_untracked_devices gauge\n\
+         tap_probe_untracked_devices {}\n",
+        report.untracked.len()
+    );
+    let _ = write!(
+        out,
         "# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.\n\
          # TYPE tap_probe_elapsed_seconds gauge\ntap_probe_elapsed_seconds {}\n",
         report.elapsed_s
@@ -129,6 +136,7 @@ mod tests {
             kernel: KernelDeltas {
                 tx_packets: 6,
                 tx_dropped: 2,
+                skew: 0,
             },
             retired: false,
         }
@@ -144,6 +152,7 @@ mod tests {
             },
             programs: None,
             rows,
+            untracked: Vec::new(),
         }
     }
 
@@ -233,9 +242,15 @@ tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap
 # HELP tap_probe_kernel_tx_dropped_total The device's own tx_dropped since tracking began (per device, on every queue).
 # TYPE tap_probe_kernel_tx_dropped_total counter
 tap_probe_kernel_tx_dropped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_kernel_skew_packets Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).
+# TYPE tap_probe_kernel_skew_packets gauge
+tap_probe_kernel_skew_packets{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
 # HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop reason (other than a full ring).
 # TYPE tap_probe_drop_reason_total counter
 tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",reason="xmit_error"} 3
+# HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's tables are full).
+# TYPE tap_probe_untracked_devices gauge
+tap_probe_untracked_devices 0
 # HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.
 # TYPE tap_probe_elapsed_seconds gauge
 tap_probe_elapsed_seconds 2.5
