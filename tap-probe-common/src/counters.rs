@@ -86,6 +86,11 @@ pub enum KernelStat {
     TxPackets,
     /// Drops inside the driver's transmit (`tun_net_xmit`'s `drop:` path).
     TxDropped,
+    /// Not a statistic of the kernel's: how far the two above may be off from the probes'
+    /// counters because the two cannot be read at the same instant (packets the probes
+    /// counted while the kernel's statistics were read, or before the kernel's baseline
+    /// could be taken). 0 once traffic stops.
+    Skew,
 }
 
 /// One value of a row.
@@ -392,6 +397,17 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_TX_DROP"),
         prometheus: Some("kernel_tx_dropped_total"),
+        event: None,
+    }
+    metric {
+        name: "kernel.skew",
+        help: "Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).",
+        kind: Kind::Gauge,
+        unit: Unit::Packets,
+        source: Source::Kernel(KernelStat::Skew),
+        requires: Requires::Nothing,
+        column: Some("K_SKEW"),
+        prometheus: Some("kernel_skew_packets"),
         event: None,
     }
 }

@@ -16,7 +16,7 @@ pub use error::TraceError;
 pub use reader::TraceReader;
 pub use tap_probe_common::EventKind;
 pub use wire::KIND_SLOTS;
-pub use writer::TraceWriter;
+pub use writer::{CutBack, TraceWriter};
 
 /// The first eight bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"TAPTRACE";
@@ -28,6 +28,9 @@ const REC_LOST: u8 = 2;
 const REC_TRAILER: u8 = 0xff;
 /// Longest record payload a reader accepts; longer lengths mean a corrupt file.
 const MAX_RECORD_LEN: u64 = 4096;
+/// The most entries a device's ring may have: a larger `ring_size` in a header makes the file
+/// corrupt. The kernel's own bound is far lower (a tun ring is one kmalloc'ed array).
+pub const MAX_RING_SIZE: u32 = 1 << 24;
 /// Longest header body a reader accepts.
 const MAX_HEADER_LEN: u32 = 1 << 20;
 /// Size of the fixed part before the header body: magic, version, header length.

@@ -7,17 +7,24 @@ use bytes::Buf as _;
 use crate::wire::{EventRecord, LostRecord, TRAILER_LEN, TrailerCounts};
 use crate::{
     DeviceInfo, Event, EventKind, FORMAT_VERSION, Header, MAGIC, MAX_HEADER_LEN, MAX_RECORD_LEN,
-    PREAMBLE_LEN, REC_EVENT, REC_LOST, REC_TRAILER, Record, TraceError, Trailer,
+    MAX_RING_SIZE, PREAMBLE_LEN, REC_EVENT, REC_LOST, REC_TRAILER, Record, TraceError, Trailer,
 };
 
 /// Reads a trace: the header on [`TraceReader::new`], then records as an iterator. The
 /// iterator ends after a valid trailer ([`TraceReader::trailer`]); an error ends it too.
+///
+/// A file cut short (the recorder was killed, the machine lost power, the disk filled up)
+/// has no trailer and ends inside or after its last record. By default that is an error;
+/// [`TraceReader::salvage`] makes the iterator end quietly at the last whole record instead,
+/// and [`TraceReader::cut`] then says where the file was cut.
 pub struct TraceReader<R: Read> {
     src: Source<R>,
     header: Header,
     trailer: Option<Trailer>,
     /// Set once the iterator returned `None` or an error.
     done: bool,
+    salvage: bool,
+    cut: Option<u64>,
 }
 
 impl<R: Read> TraceReader<R> {
@@ -59,7 +66,26 @@ impl<R: Read> TraceReader<R> {
             header,
             trailer: None,
             done: false,
+            salvage: false,
+            cut: None,
         })
+    }
+
+    /// Reads a file that may have been cut short: the records up to the last whole one,
+    /// then the end, with [`TraceReader::cut`] saying where the cut is. Every other error
+    /// (corruption, a bad checksum) is still an error.
+    #[must_use]
+    pub fn salvage(mut self) -> Self {
+        self.salvage = true;
+        self
+    }
+
+    /// Where a file read with [`TraceReader::salvage`] was cut: the byte offset at which
+    /// its last whole record ends (what follows is a partial record or nothing). `None` for
+    /// a complete file, or before the iterator reached the end.
+    #[must_use]
+    pub fn cut(&self) -> Option<u64> {
+        self.cut
     }
 
     #[must_use]
@@ -195,6 +221,11 @@ impl<R: Read> Iterator for TraceReader<R> {
                 self.done = true;
                 None
             }
+            Err(TraceError::Truncated { offset, .. }) if self.salvage => {
+                self.done = true;
+                self.cut = Some(offset);
+                None
+            }
             Err(e) => {
                 self.done = true;
                 Some(Err(e))
@@ -292,7 +323,17 @@ fn parse_header(body: &[u8]) -> Result<Header, TraceError> {
         let netns = c.u32("device netns")?;
         let ifindex = c.u32("device ifindex")?;
         let queues = c.u32("device queue count")?;
+        let ring_at = c.file_offset();
         let ring_size = c.u32("device ring size")?;
+        if ring_size > MAX_RING_SIZE {
+            // The kernel allocates a tun ring with kmalloc (`__ptr_ring_init_queue_alloc`,
+            // include/linux/ptr_ring.h), which bounds it far below this; a reader that sized a
+            // model by such a value would exhaust memory.
+            return Err(TraceError::Corrupt {
+                offset: ring_at,
+                what: format!("device ring size {ring_size} exceeds {MAX_RING_SIZE} entries"),
+            });
+        }
         let name = c.str("device name")?;
         devices.push(DeviceInfo {
             netns,

@@ -154,6 +154,72 @@ fn truncated_files_name_the_offset() {
     }
 }
 
+/// Every cut after the header, salvaged: exactly the whole records before the cut, and the
+/// offset where the last of them ends.
+#[test]
+fn a_cut_file_is_salvaged_up_to_its_last_whole_record() {
+    let bytes = sample(10);
+    let (_, all, _) = read_all(&bytes).unwrap();
+    let body = u32::from_le_bytes(bytes[10..14].try_into().unwrap()) as usize;
+    let first = 14 + body;
+    // Where each record ends: one lost note (18 bytes) after the first event (22 each).
+    let mut ends = vec![first];
+    for (i, _) in all.iter().enumerate() {
+        let len = if i == 1 { 18 } else { 22 };
+        ends.push(ends[i] + len);
+    }
+    for cut in first..bytes.len() {
+        let mut r = TraceReader::new(&bytes[..cut]).unwrap().salvage();
+        let recs: Vec<Record> = r.by_ref().map(Result::unwrap).collect();
+        let whole = ends.iter().rposition(|&end| end <= cut).unwrap();
+        assert_eq!(recs, all[..whole], "cut at {cut}");
+        assert_eq!(r.cut(), Some(ends[whole] as u64), "cut at {cut}");
+        assert!(r.trailer().is_none());
+    }
+    // A complete file has no cut; a corrupt one is still an error.
+    let mut r = TraceReader::new(bytes.as_slice()).unwrap().salvage();
+    assert_eq!(r.by_ref().count(), all.len());
+    assert_eq!(r.cut(), None);
+    assert!(r.trailer().is_some());
+    let mut bad = bytes.clone();
+    bad[first] = REC_EVENT;
+    bad[first + 1] = 3;
+    let mut r = TraceReader::new(bad.as_slice()).unwrap().salvage();
+    assert!(
+        r.any(|rec| rec.is_err()),
+        "a wrong length is corruption, not a cut"
+    );
+}
+
+#[test]
+fn an_absurd_ring_size_is_refused() {
+    let mut h = header();
+    h.devices[1].ring_size = u32::MAX;
+    let bytes = TraceWriter::new(Vec::new(), &h)
+        .unwrap()
+        .finish()
+        .unwrap()
+        .0;
+    let e = TraceReader::new(bytes.as_slice())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "device ring size {} exceeds {MAX_RING_SIZE}",
+            u32::MAX
+        )),
+        "{e}"
+    );
+    h.devices[1].ring_size = MAX_RING_SIZE;
+    let bytes = TraceWriter::new(Vec::new(), &h)
+        .unwrap()
+        .finish()
+        .unwrap()
+        .0;
+    assert!(TraceReader::new(bytes.as_slice()).is_ok());
+}
+
 #[test]
 fn newer_version_and_bad_magic() {
     let mut bytes = sample(3);
@@ -250,4 +316,113 @@ fn mutated_files_never_panic() {
         }
         let _ = read_all(&bytes);
     }
+}
+
+/// A disk that takes `room` bytes and then fails with "no space left", like a full
+/// filesystem: partial writes included.
+struct FullDisk {
+    bytes: Vec<u8>,
+    room: usize,
+}
+
+impl std::io::Write for FullDisk {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.room - self.bytes.len());
+        if n == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        }
+        self.bytes.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whatever byte the disk fills up at: cutting back, truncating and finishing gives a
+/// complete file whose trailer counts exactly the events in it, and whose lost notes count
+/// the ones the cut dropped.
+#[test]
+fn a_full_disk_is_cut_back_to_a_whole_record_and_finished() {
+    let all = events(10_000);
+    let header_len = TraceWriter::new(Vec::new(), &header()).unwrap().written;
+    for room in (usize::try_from(header_len).unwrap()..3000 * 22).step_by(997) {
+        let mut w = TraceWriter::new(
+            FullDisk {
+                bytes: Vec::new(),
+                room,
+            },
+            &header(),
+        )
+        .unwrap();
+        let mut failed = None;
+        for (i, e) in all.iter().enumerate() {
+            if let Err(err) = w.event(e) {
+                failed = Some((i, err));
+                break;
+            }
+        }
+        let (i, err) = failed.expect("the disk fills up");
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
+        let cut = w.cut_back();
+        // Truncate where the last whole record ends; the space after it is free again.
+        let disk = w.get_mut();
+        assert!(cut.offset <= disk.bytes.len() as u64);
+        disk.bytes.truncate(usize::try_from(cut.offset).unwrap());
+        disk.room = disk.bytes.len() + 200;
+        // The event that failed was appended before the write that failed.
+        let written = i as u64 + 1 - cut.events;
+        w.lost(0, cut.events + 1).unwrap();
+        let (disk, t) = w.finish().unwrap();
+        let (_, recs, trailer) = read_all(&disk.bytes).unwrap();
+        let read: Vec<Event> = recs
+            .iter()
+            .filter_map(|r| match r {
+                Record::Event(e) => Some(*e),
+                Record::Lost { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            read,
+            all[..usize::try_from(written).unwrap()],
+            "room {room}"
+        );
+        assert_eq!(trailer, t);
+        assert_eq!(trailer.events, written);
+        let lost: u64 = recs
+            .iter()
+            .map(|r| match r {
+                Record::Lost { count, .. } => *count,
+                Record::Event(_) => 0,
+            })
+            .sum();
+        assert_eq!(trailer.lost, lost, "room {room}");
+        assert!(lost > cut.events);
+    }
+}
+
+/// A disk that fills up inside the trailer: cut back to the records before it.
+#[test]
+fn a_trailer_cut_short_is_cut_back() {
+    let mut w = TraceWriter::new(
+        FullDisk {
+            bytes: Vec::new(),
+            room: 1 << 20,
+        },
+        &header(),
+    )
+    .unwrap();
+    for e in events(10) {
+        w.event(&e).unwrap();
+    }
+    w.get_mut().room = usize::try_from(w.written).unwrap() + 10 * 22 + 40;
+    assert!(w.end().is_err());
+    let cut = w.cut_back();
+    assert_eq!(cut.events, 0, "the events reached the disk whole");
+    let disk = w.get_mut();
+    disk.bytes.truncate(usize::try_from(cut.offset).unwrap());
+    let mut r = TraceReader::new(disk.bytes.as_slice()).unwrap().salvage();
+    assert_eq!(r.by_ref().count(), 10);
+    assert_eq!(r.cut(), Some(cut.offset));
 }

@@ -22,12 +22,21 @@ const fn one_byte_len(n: usize) -> u8 {
 
 /// Streams records into `W`. Call [`TraceWriter::finish`] to write the trailer: a file
 /// without one reads as truncated.
+///
+/// When a write fails (a full disk), [`TraceWriter::cut_back`] rewinds the writer to the end
+/// of the last record that reached `W` whole, so that the caller can truncate the file there
+/// and still finish it: what was lost in the cut is then a lost note, not a partial record.
 pub struct TraceWriter<W: Write> {
     out: W,
     buf: BytesMut,
+    /// Covers the bytes that reached `out` whole, up to `written`.
     crc: crc32fast::Hasher,
     trailer: Trailer,
     devices: usize,
+    /// Bytes `out` took, counting partial writes.
+    pub(crate) written: u64,
+    /// Where the last record that reached `out` whole ends: the header's end at first.
+    whole: u64,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -65,8 +74,15 @@ impl<W: Write> TraceWriter<W> {
             crc: crc32fast::Hasher::new(),
             trailer: Trailer::default(),
             devices: header.devices.len(),
+            written: 0,
+            whole: 0,
         };
-        w.flush_buf()?;
+        // The header counts as one record: a file cut inside it is no trace at all.
+        w.out.write_all(&w.buf)?;
+        w.crc.update(&w.buf);
+        w.written = w.buf.len() as u64;
+        w.whole = w.written;
+        w.buf.clear();
         Ok(w)
     }
 
@@ -112,19 +128,45 @@ impl<W: Write> TraceWriter<W> {
     /// # Errors
     /// A write error.
     pub fn finish(mut self) -> io::Result<(W, Trailer)> {
-        self.buf
-            .put_slice(&[REC_TRAILER, one_byte_len(TRAILER_LEN)]);
+        let trailer = self.end()?;
+        Ok((self.out, trailer))
+    }
+
+    /// Writes the trailer and flushes, keeping the writer: when this fails (a full disk),
+    /// [`TraceWriter::cut_back`] can still drop what did not make it. Nothing may be written
+    /// after a trailer.
+    ///
+    /// # Errors
+    /// A write error.
+    pub fn end(&mut self) -> io::Result<Trailer> {
+        self.flush_buf()?;
+        let mut tail = BytesMut::with_capacity(2 + TRAILER_LEN);
+        tail.put_slice(&[REC_TRAILER, one_byte_len(TRAILER_LEN)]);
         TrailerCounts {
             events: self.trailer.events,
             counts: self.trailer.counts,
             lost: self.trailer.lost,
         }
-        .put(&mut self.buf);
-        self.flush_buf()?;
-        self.trailer.checksum = self.crc.clone().finalize();
-        self.out.write_all(&self.trailer.checksum.to_le_bytes())?;
+        .put(&mut tail);
+        let mut crc = self.crc.clone();
+        crc.update(&tail);
+        let checksum = crc.clone().finalize();
+        tail.put_slice(&checksum.to_le_bytes());
+        let (done, result) = write_counted(&mut self.out, &tail);
+        self.written += done as u64;
+        result?;
         self.out.flush()?;
-        Ok((self.out, self.trailer))
+        // Only a trailer that reached the sink whole counts as written.
+        self.whole = self.written;
+        crc.update(&checksum.to_le_bytes());
+        self.crc = crc;
+        self.trailer.checksum = checksum;
+        Ok(self.trailer)
+    }
+
+    /// The sink.
+    pub fn into_inner(self) -> W {
+        self.out
     }
 
     fn maybe_flush(&mut self) -> io::Result<()> {
@@ -134,12 +176,98 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// Writes the buffer (whole records, back to back) out, keeping count of what `out`
+    /// took: on an error, the records it took whole are dropped from the buffer (and
+    /// checksummed), the rest stay for [`TraceWriter::cut_back`].
     fn flush_buf(&mut self) -> io::Result<()> {
-        self.crc.update(&self.buf);
-        self.out.write_all(&self.buf)?;
-        self.buf.clear();
-        Ok(())
+        let (done, result) = write_counted(&mut self.out, &self.buf);
+        self.written += done as u64;
+        let whole = if result.is_ok() {
+            done
+        } else {
+            whole_records(&self.buf, done)
+        };
+        self.crc.update(&self.buf[..whole]);
+        self.whole += whole as u64;
+        let _ = self.buf.split_to(whole);
+        result
     }
+
+    /// After a failed write: forgets every record that did not reach the sink whole, as if
+    /// it had never been written, and returns where the file must be truncated (the end of
+    /// the last whole record) and how many events were dropped. The sink's position is then
+    /// past that point; the caller truncates and seeks back to it (see [`TraceWriter::get_mut`])
+    /// before writing on.
+    pub fn cut_back(&mut self) -> CutBack {
+        let mut events = 0;
+        let mut at = 0;
+        while at + 2 <= self.buf.len() {
+            let (kind, len) = (self.buf[at], usize::from(self.buf[at + 1]));
+            let payload =
+                &self.buf[(at + 2).min(self.buf.len())..(at + 2 + len).min(self.buf.len())];
+            match kind {
+                REC_EVENT if payload.len() == EventRecord::LEN => {
+                    let e = EventRecord::get(&mut &payload[..]);
+                    self.trailer.events -= 1;
+                    self.trailer.counts[usize::from(e.kind)] -= 1;
+                    events += 1;
+                }
+                REC_LOST if payload.len() == LostRecord::LEN => {
+                    self.trailer.lost -= LostRecord::get(&mut &payload[..]).count;
+                }
+                _ => {}
+            }
+            at += 2 + len;
+        }
+        self.buf.clear();
+        self.written = self.whole;
+        CutBack {
+            offset: self.whole,
+            events,
+        }
+    }
+
+    /// The sink, to truncate and seek it after [`TraceWriter::cut_back`].
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+}
+
+/// What [`TraceWriter::cut_back`] dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutBack {
+    /// Where the last whole record ends: the file's length from now on.
+    pub offset: u64,
+    /// Event records that were buffered or partly written, and are gone.
+    pub events: u64,
+}
+
+/// Writes `bytes` to `out`, returning how many it took even when it then failed.
+fn write_counted(out: &mut impl Write, bytes: &[u8]) -> (usize, io::Result<()>) {
+    let mut done = 0;
+    while done < bytes.len() {
+        match out.write(&bytes[done..]) {
+            Ok(0) => return (done, Err(io::Error::from(io::ErrorKind::WriteZero))),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (done, Err(e)),
+        }
+    }
+    (done, Ok(()))
+}
+
+/// The length of the whole records at the start of `buf` that fit in its first `len` bytes.
+fn whole_records(buf: &[u8], len: usize) -> usize {
+    let mut at = 0;
+    // Every record this writer makes has a one-byte length (see `one_byte_len`).
+    while at + 2 <= len {
+        let next = at + 2 + usize::from(buf[at + 1]);
+        if next > len {
+            break;
+        }
+        at = next;
+    }
+    at
 }
 
 /// A str16: a `u16` length, then the bytes.

@@ -24,5 +24,5 @@ pub mod model {
     pub use crate::replay::policy::Policy;
     pub use crate::replay::ring::X86_64_BATCH;
     pub use crate::replay::sim::{SimConfig, simulate};
-    pub use crate::replay::{Recording, load_recording};
+    pub use crate::replay::{Cut, Recording, load_recording, salvage_recording};
 }

@@ -72,3 +72,107 @@ fn a_spec_naming_an_unknown_counter_is_refused_before_any_traffic() {
     let junit = std::fs::read_to_string(&junit).unwrap();
     assert!(junit.contains("<error"), "{junit}");
 }
+
+/// A trace of `events` arrivals and reads on one tap whose ring has `ring_size` entries.
+fn trace(ring_size: u32, events: u64) -> Vec<u8> {
+    use tap_probe_trace::{DeviceInfo, Event, EventKind, Header, TraceWriter};
+    let header = Header {
+        kernel_release: "test".to_owned(),
+        backend: "tracepoint".to_owned(),
+        start_ns: 1_000,
+        devices: vec![DeviceInfo {
+            netns: 1,
+            ifindex: 2,
+            queues: 1,
+            ring_size,
+            name: "tap0".to_owned(),
+        }],
+    };
+    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
+    for i in 0..events {
+        let kind = if i % 2 == 0 {
+            EventKind::Enqueued
+        } else {
+            EventKind::Consumed
+        };
+        w.event(&Event {
+            ts_ns: 1_000 + i * 1_000,
+            device: 0,
+            queue: 0,
+            cpu: 0,
+            kind,
+            reason: 0,
+        })
+        .unwrap();
+    }
+    w.finish().unwrap().0
+}
+
+fn replay(file: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .arg("replay")
+        .arg(file)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A ring size or qdisc limit that no kernel has would size the model's memory: refused with
+/// an error, never an allocation failure that aborts the process.
+#[test]
+fn absurd_sizes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.trace");
+    std::fs::write(&path, trace(u32::MAX, 4)).unwrap();
+    let (code, _, stderr) = replay(&path, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("device ring size 4294967295 exceeds 16777216"),
+        "{stderr}"
+    );
+    std::fs::write(&path, trace(500, 4)).unwrap();
+    let (code, _, stderr) = replay(&path, &["--qdisc-limit", "4000000000"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("4000000000 is not in 0..=16777216"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = replay(&path, &["--qdisc-limit", "16777216"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("tail-drop"), "{stdout}");
+}
+
+/// A trace cut short (a killed recorder, a full disk) is refused with a pointer to
+/// `--salvage`, which replays it up to the last whole record and says what is missing.
+#[test]
+fn a_cut_trace_is_salvaged_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.trace");
+    let whole = trace(500, 1_000);
+    // The trailer (86 bytes) and 5 bytes of the last event record (22) are gone.
+    std::fs::write(&path, &whole[..whole.len() - 86 - 17]).unwrap();
+    let (code, _, stderr) = replay(&path, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("truncated record at byte"), "{stderr}");
+    assert!(stderr.contains("--salvage"), "{stderr}");
+    let (code, stdout, stderr) = replay(&path, &["--salvage", "--format", "json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("was cut short"), "{stderr}");
+    assert!(stderr.contains("replaying its 999 events"), "{stderr}");
+    assert!(
+        stderr.contains("5 bytes after that are a partial record"),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["streams"][0]["events"], 999, "{report}");
+    // A complete file needs no salvage and gets no warning.
+    std::fs::write(&path, &whole).unwrap();
+    let (code, _, stderr) = replay(&path, &["--salvage"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("cut short"), "{stderr}");
+}

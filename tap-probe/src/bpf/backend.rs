@@ -26,9 +26,10 @@ use aya::maps::{Array, MapData};
 use aya::programs::{KProbe, RawTracePoint};
 use serde::Serialize;
 use tap_probe_common::{
-    MAP_SETTINGS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS, PROG_DIRECT_XMIT_ENTRY,
-    PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_WAKE_ENTRY,
-    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, SETTING_WAKE_EVENTS,
+    MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS,
+    PROG_DIRECT_XMIT_ENTRY, PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE,
+    PROG_START_XMIT, PROG_WAKE_ENTRY, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
+    SETTING_WAKE_EVENTS, Source,
 };
 
 use crate::kernel::KernelInfo;
@@ -129,6 +130,33 @@ pub(crate) enum Consume {
     Tracepoint,
 }
 
+/// The groups of counters that share their sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Group {
+    Xmit,
+    Drops,
+    Consumed,
+    QueueState,
+    Requeues,
+    Wakes,
+}
+
+/// The group of a counter of the counter table (`tap_probe_common::METRICS`); a test checks
+/// that every counter the programs count has one.
+fn group_of(counter: &str) -> Option<Group> {
+    Some(match counter {
+        "xmit_calls" | "enqueued" | "busy" => Group::Xmit,
+        "dropped_full_ring" | "dropped_other" => Group::Drops,
+        "consumed" | "reader_sleeps" => Group::Consumed,
+        "queue_stops" | "queue_wakes" | "stopped_ns" => Group::QueueState,
+        "requeued_stopped" => Group::Requeues,
+        "wakes_reader" | "wakes_vhost" | "wakes_forced" | "wakes_other" | "wakes_recheck" => {
+            Group::Wakes
+        }
+        _ => return None,
+    })
+}
+
 /// Drops: the only source of the drop reason.
 const DROPS: &str = "tracepoint skb:kfree_skb";
 /// The function every wake goes through.
@@ -223,23 +251,59 @@ impl Sources {
         matches!(self.ring, Ring::Sampled(_))
     }
 
-    /// The kind of hook behind each group of counters, in a few words: the trace header's
-    /// record of what produced the events.
+    /// The kind of hook behind each counter the programs count, as `counter=hook` pairs in
+    /// the counter table's order: the trace header's record of what produced the events.
+    /// A hook is `kprobe`, `tracepoint`, or `kprobe+tracepoint` for the queue state when
+    /// driver calls come from kprobes (it is read after each call and at each dequeue).
     #[must_use]
     pub(crate) fn hooks(&self) -> String {
-        let kind = |kprobe: bool| if kprobe { "kprobe" } else { "tracepoint" };
-        format!(
-            "xmit={}, consumed={}, drops=tracepoint, queue_state=tracepoint, requeues={}, \
-             wakes={}",
-            kind(matches!(self.xmit, Xmit::Kprobes(_))),
-            kind(self.consumed == Consume::Kprobe),
-            kind(self.requeues == Requeues::Kprobes),
-            if matches!(self.wakes, Wakes::Callers(_)) {
-                "kprobe"
-            } else {
-                "inferred"
-            },
-        )
+        self.per_counter()
+            .iter()
+            .map(|(counter, hook)| format!("{counter}={hook}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Each counter of the programs and the kind of hook that feeds it.
+    #[must_use]
+    pub(crate) fn per_counter(&self) -> Vec<(&'static str, &'static str)> {
+        let xmit = match self.xmit {
+            Xmit::Kprobes(_) => "kprobe",
+            Xmit::Tracepoints => "tracepoint",
+        };
+        let consumed = match self.consumed {
+            Consume::Kprobe => "kprobe",
+            Consume::Tracepoint => "tracepoint",
+        };
+        let queue_state = match self.xmit {
+            Xmit::Kprobes(_) => "kprobe+tracepoint",
+            Xmit::Tracepoints => "tracepoint",
+        };
+        let requeues = match self.requeues {
+            Requeues::Kprobes => "kprobe",
+            Requeues::DequeuePairs => "tracepoint",
+        };
+        // Without the kprobe on the wake function, who woke is not counted at all.
+        let wakes = match self.wakes {
+            Wakes::Callers(_) => "kprobe",
+            Wakes::Inferred => "none",
+        };
+        METRICS
+            .iter()
+            .filter(|m| matches!(m.source, Source::Programs(_)))
+            .map(|m| {
+                let hook = match group_of(m.name) {
+                    Some(Group::Xmit) => xmit,
+                    Some(Group::Drops) => "tracepoint",
+                    Some(Group::Consumed) => consumed,
+                    Some(Group::QueueState) => queue_state,
+                    Some(Group::Requeues) => requeues,
+                    Some(Group::Wakes) => wakes,
+                    None => "unknown",
+                };
+                (m.name, hook)
+            })
+            .collect()
     }
 
     /// Each group of counters: its JSON key, what it counts, and its source, in the order
@@ -571,8 +635,11 @@ mod tests {
         );
         assert_eq!(
             sources.hooks(),
-            "xmit=kprobe, consumed=tracepoint, drops=tracepoint, queue_state=tracepoint, \
-             requeues=tracepoint, wakes=inferred"
+            "xmit_calls=kprobe, enqueued=kprobe, busy=kprobe, requeued_stopped=tracepoint, \
+             dropped_full_ring=tracepoint, dropped_other=tracepoint, consumed=tracepoint, \
+             queue_stops=kprobe+tracepoint, queue_wakes=kprobe+tracepoint, wakes_reader=none, \
+             wakes_vhost=none, wakes_forced=none, wakes_other=none, wakes_recheck=none, \
+             stopped_ns=kprobe+tracepoint, reader_sleeps=tracepoint"
         );
         assert!(sources.requeues.may_be_short());
         let wakes = Wakes::Callers(vec!["__tun_wake_queue (reader)".to_owned()]);
@@ -580,5 +647,19 @@ mod tests {
             wakes.to_string(),
             "kprobe netif_tx_wake_queue, by caller: __tun_wake_queue (reader)"
         );
+    }
+
+    /// Every counter the programs count is in a group, so the trace header names its hook.
+    #[test]
+    fn every_counter_has_a_group() {
+        for metric in METRICS {
+            if matches!(metric.source, Source::Programs(_)) {
+                assert!(
+                    group_of(metric.name).is_some(),
+                    "{} has no group",
+                    metric.name
+                );
+            }
+        }
     }
 }

@@ -15,8 +15,8 @@ use aya::{
 use tap_probe_common::{
     Dequeued, DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS,
     MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION,
-    MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS, QueueCounters,
-    ReaderState, RingSamples,
+    MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAX_DEVICES, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS,
+    QueueCounters, ReaderState, RingSamples,
 };
 
 use crate::bpf::backend::{Backend, Sources};
@@ -99,6 +99,43 @@ pub(crate) struct DeviceCounters {
     pub(crate) stopped_since: Vec<Option<u64>>,
     /// `(queue, enum skb_drop_reason value) -> count` for `dropped_other`.
     pub(crate) drop_reasons: BTreeMap<(u32, u32), u64>,
+}
+
+/// Why a device cannot be tracked now: the probe's tables are full. Devices that go away
+/// make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Full {
+    /// No `queues` consecutive counter slots are free.
+    Slots { queues: u32 },
+    /// The device map holds `MAX_DEVICES` devices.
+    Devices,
+}
+
+impl std::fmt::Display for Full {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Slots { queues } => write!(
+                f,
+                "no room for {queues} more queues ({MAX_QUEUE_SLOTS} counter slots in all)"
+            ),
+            Self::Devices => write!(f, "{MAX_DEVICES} devices are tracked already"),
+        }
+    }
+}
+
+impl std::error::Error for Full {}
+
+/// Events the programs could not write because the ring buffer was full, per CPU.
+pub(crate) struct EventsLost(PerCpuArray<MapData, u64>);
+
+impl EventsLost {
+    /// The sum over CPUs.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub(crate) fn total(&self) -> anyhow::Result<u64> {
+        Ok(self.0.get(&0, 0)?.iter().sum())
+    }
 }
 
 pub(crate) struct Probe {
@@ -223,28 +260,39 @@ impl Probe {
     /// [`DeviceSlot::flags`] (whether its ring is sampled).
     ///
     /// # Errors
-    /// When the counter map has no room left or a map update fails.
+    /// [`Full`] when the counter slots or the device map have no room left (nothing is
+    /// held then), or a map update fails.
     pub(crate) fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> anyhow::Result<()> {
         if self.tracked.contains_key(&key) {
             return Ok(());
         }
         let queues = queues.max(1);
-        let base = self.slots.allocate(queues).ok_or_else(|| {
-            anyhow!(
-                "no room for {queues} more queues ({MAX_QUEUE_SLOTS} slots in all): \
-                 narrow the devices watched with --dev or --netns"
-            )
-        })?;
-        self.reset(base, queues)?;
+        let base = self.slots.allocate(queues).ok_or(Full::Slots { queues })?;
         let slot = DeviceSlot {
             base,
             queues,
             flags,
             reserved: 0,
         };
-        let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
-            BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
-        devices.insert(key, slot, 0).context("adding a device")?;
+        let inserted = self.reset(base, queues).and_then(|()| {
+            let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
+                BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
+            match devices.insert(key, slot, 0) {
+                Ok(()) => Ok(()),
+                // The hash map is full (htab_map_update_elem: E2BIG).
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
+                {
+                    Err(Full::Devices.into())
+                }
+                Err(err) => Err(anyhow::Error::new(err).context("adding a device")),
+            }
+        });
+        if let Err(err) = inserted {
+            // No program ever saw these slots: they are free again at once.
+            self.slots.free_unused(base, queues);
+            return Err(err);
+        }
         self.tracked.insert(key, slot);
         self.next_generation()
     }
@@ -329,15 +377,47 @@ impl Probe {
         Ok(())
     }
 
+    /// The device's per-queue counters now, summed over CPUs (without the drop reasons).
+    ///
+    /// # Errors
+    /// When the device is not tracked or a map read fails.
+    pub(crate) fn read_queues(&self, key: DeviceKey) -> anyhow::Result<Vec<QueueCounters>> {
+        let slot = self.slot_of(key)?;
+        let counters: PerCpuArray<&MapData, QueueCounters> =
+            PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
+        (slot.base..slot.base + slot.queues)
+            .map(|index| {
+                let mut total = QueueCounters::default();
+                for cpu in counters.get(&index, 0)?.iter() {
+                    total += *cpu;
+                }
+                Ok(total)
+            })
+            .collect()
+    }
+
+    /// Zeroes a tracked device's counters, queue state and drop reasons.
+    ///
+    /// # Errors
+    /// When the device is not tracked or a map update fails.
+    pub(crate) fn reset_device(&mut self, key: DeviceKey) -> anyhow::Result<()> {
+        let slot = self.slot_of(key)?;
+        self.reset(slot.base, slot.queues)
+    }
+
+    fn slot_of(&self, key: DeviceKey) -> anyhow::Result<DeviceSlot> {
+        self.tracked
+            .get(&key)
+            .copied()
+            .ok_or_else(|| anyhow!("device {key:?} is not tracked"))
+    }
+
     /// The device's counters now, summed over CPUs.
     ///
     /// # Errors
     /// When the device is not tracked or a map read fails.
     pub(crate) fn read(&self, key: DeviceKey) -> anyhow::Result<DeviceCounters> {
-        let slot = *self
-            .tracked
-            .get(&key)
-            .ok_or_else(|| anyhow!("device {key:?} is not tracked"))?;
+        let slot = self.slot_of(key)?;
         let counters: PerCpuArray<&MapData, QueueCounters> =
             PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
         let state: Array<&MapData, u64> = Array::try_from(self.map(MAP_QUEUE_STATE)?)?;
@@ -389,6 +469,19 @@ impl Probe {
     pub(crate) fn events_lost(&self) -> anyhow::Result<u64> {
         let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_EVENTS_LOST)?)?;
         Ok(lost.get(&0, 0)?.iter().sum())
+    }
+
+    /// The lost-event counter, moved out of the probe so that it can still be read once the
+    /// programs are detached (dropping the probe detaches them).
+    ///
+    /// # Errors
+    /// When it was taken already.
+    pub(crate) fn take_events_lost(&mut self) -> anyhow::Result<EventsLost> {
+        let map = self
+            .ebpf
+            .take_map(MAP_EVENTS_LOST)
+            .ok_or_else(|| anyhow!("the lost-event counter was taken already"))?;
+        Ok(EventsLost(PerCpuArray::try_from(map)?))
     }
 
     fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {

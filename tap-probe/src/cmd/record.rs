@@ -6,16 +6,17 @@
 //! in the trailer) and into the summary. [`Recorder`] orders them on their way to the file.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use tap_probe_common::EventKind;
+use aya::maps::{MapData, RingBuf};
+use tap_probe_common::{EventKind, MAX_QUEUES_PER_DEVICE};
 
 use crate::bpf::probe::Probe;
 use crate::host::discovery::Discovery;
-use crate::host::recorder::{REORDER_WINDOW_NS, Recorder};
+use crate::host::recorder::{REORDER_WINDOW_NS, Recorder, TraceFile};
 use crate::kernel::KernelInfo;
 use crate::os::clock::monotonic_ns;
 use crate::os::signals::Stop;
@@ -28,6 +29,11 @@ const POLL_SLEEP: Duration = Duration::from_millis(2);
 const WAIT_POLL: Duration = Duration::from_millis(50);
 /// How often the lost-event counter is read.
 const LOST_EVERY: Duration = Duration::from_millis(100);
+/// The longest the loop drains the ring before it looks at the clock and the stop signal
+/// again.
+const PASS_BUDGET: Duration = Duration::from_millis(50);
+/// How long the events left in the ring after the stop may take to write.
+const FINAL_BUDGET: Duration = Duration::from_secs(1);
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -79,34 +85,56 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             devices = discovery.scan()?;
         }
     }
+    let file = File::create(&args.output)
+        .with_context(|| format!("creating {}", args.output.display()))?;
+    // Track first: a device the maps have no room for is left out (and said so), and the
+    // kernel's counters are read once tracking has begun.
+    let mut tracked = Vec::new();
+    for d in devices {
+        // A multi-queue tap has 256 queues whatever number is attached: as `watch` does,
+        // count the first MAX_QUEUES_PER_DEVICE.
+        let queues = d.queues.clamp(1, MAX_QUEUES_PER_DEVICE);
+        match probe.track(d.key, queues, d.slot_flags()) {
+            Ok(()) => tracked.push((d, queues)),
+            Err(err) => eprintln!(
+                "tap-probe: warning: not recording {} (netns {}): {err:#}",
+                d.name, d.netns
+            ),
+        }
+    }
+    if tracked.is_empty() {
+        bail!("none of the matching devices could be tracked; nothing was recorded");
+    }
+    let now = discovery.scan().unwrap_or_default();
+    let baseline: Vec<(u64, u64)> = tracked
+        .iter()
+        .map(|(d, _)| {
+            let d = now.iter().find(|n| n.key == d.key).unwrap_or(d);
+            (d.stats.tx_packets, d.stats.tx_dropped)
+        })
+        .collect();
     let header = Header {
         kernel_release: kernel.release.clone(),
         backend: probe.sources().hooks(),
         start_ns: monotonic_ns(),
-        devices: devices
+        devices: tracked
             .iter()
-            .map(|d| DeviceInfo {
+            .map(|(d, queues)| DeviceInfo {
                 netns: d.key.netns,
                 ifindex: d.key.ifindex,
-                queues: d.queues,
+                queues: *queues,
                 ring_size: d.tx_queue_len,
                 name: d.name.clone(),
             })
             .collect(),
     };
-    let baseline: Vec<(u64, u64)> = devices
-        .iter()
-        .map(|d| (d.stats.tx_packets, d.stats.tx_dropped))
-        .collect();
-    let file = File::create(&args.output)
-        .with_context(|| format!("creating {}", args.output.display()))?;
-    let mut recorder = Recorder::new(BufWriter::with_capacity(1 << 20, file), &header)?;
+    // The trace writer buffers 64 KiB itself and must see each write's outcome (a full disk
+    // is cut back to a whole record), so the file gets no buffer of its own.
+    let mut recorder = Recorder::new(TraceFile::new(file), &header)
+        .with_context(|| format!("writing {}", args.output.display()))?;
 
-    for d in &devices {
-        probe.track(d.key, d.queues, d.slot_flags())?;
-    }
     let mut ring = probe.take_events()?;
-    for d in &devices {
+    for (d, _) in &tracked {
         progress.note(&format!(
             "recording {} (netns {}, ring {} entries) to {}",
             d.name,
@@ -117,62 +145,91 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let deadline = args.duration.map(|d| Instant::now() + d);
     let mut lost_seen = 0u64;
-    let mut lost_checked = Instant::now();
-    let mut taken = 0u64;
-    loop {
-        let mut n = 0usize;
-        while let Some(item) = ring.next() {
-            recorder.push_bytes(&item)?;
-            n += 1;
-            if n.is_multiple_of(4096) {
-                recorder.flush_settled()?;
+    let looped = (|| -> anyhow::Result<()> {
+        let mut lost_checked = Instant::now();
+        let mut taken = 0u64;
+        loop {
+            // A bounded pass: under a load the ring never runs dry, so the stop signal and
+            // the deadline are looked at between passes, not only when the ring is empty.
+            let n = drain(&mut ring, &mut recorder, PASS_BUDGET)?;
+            taken += n as u64;
+            probe.flush_log();
+            if lost_checked.elapsed() >= LOST_EVERY {
+                lost_checked = Instant::now();
+                let lost = probe.events_lost()?;
+                recorder.lost(monotonic_ns(), lost.saturating_sub(lost_seen))?;
+                lost_seen = lost_seen.max(lost);
+                // What reached the file so far (the writer's buffer not yet flushed aside).
+                let written = std::fs::metadata(&args.output).map_or(0, |m| m.len());
+                progress.update(&Status {
+                    what: "recording",
+                    left: deadline.map(|d| d.saturating_duration_since(Instant::now())),
+                    detail: &format!(
+                        "{taken} events taken, {} written, {lost_seen} lost; Ctrl-C stops",
+                        bytes(written)
+                    ),
+                    ..Status::default()
+                });
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) || stop.stopped() {
+                return Ok(());
+            }
+            if n == 0 && stop.sleep(POLL_SLEEP) {
+                return Ok(());
             }
         }
-        taken += n as u64;
-        recorder.flush_settled()?;
-        probe.flush_log();
-        if lost_checked.elapsed() >= LOST_EVERY {
-            lost_checked = Instant::now();
-            let lost = probe.events_lost()?;
-            recorder.lost(monotonic_ns(), lost.saturating_sub(lost_seen))?;
-            lost_seen = lost_seen.max(lost);
-            // What reached the file so far (the writer's buffer not yet flushed aside).
-            let written = std::fs::metadata(&args.output).map_or(0, |m| m.len());
-            progress.update(&Status {
-                what: "recording",
-                left: deadline.map(|d| d.saturating_duration_since(Instant::now())),
-                detail: &format!(
-                    "{taken} events taken, {} written, {lost_seen} lost; Ctrl-C stops",
-                    bytes(written)
-                ),
-                ..Status::default()
-            });
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break;
-        }
-        if n == 0 && stop.sleep(POLL_SLEEP) {
-            break;
-        }
-    }
-    // What is left in the ring buffer, then the final lost count.
-    while let Some(item) = ring.next() {
-        recorder.push_bytes(&item)?;
-    }
-    let lost = probe.events_lost()?;
-    recorder.lost(monotonic_ns(), lost.saturating_sub(lost_seen))?;
-    let (foreign, malformed, late) = (recorder.foreign, recorder.malformed, recorder.late);
-    let (mut out, trailer) = recorder.finish()?;
-    out.flush()?;
-    out.into_inner()
-        .map_err(std::io::IntoInnerError::into_error)?
-        .sync_all()
-        .context("syncing the trace file")?;
+    })();
+    // A write that failed (a full disk) ends the recording; any other error still ends the
+    // file properly before it is reported.
+    let (mut failed, mut error) = match looped {
+        Ok(()) => (None, None),
+        Err(err) => match err.downcast::<std::io::Error>() {
+            Ok(io) => (Some(io), None),
+            Err(other) => (None, Some(other)),
+        },
+    };
+    // Detach first, so that what is left in the ring is finite, then take it out: within
+    // FINAL_BUDGET into the file, beyond it only counted (a recorder that cannot keep up
+    // must still end when told), and that count is written as lost.
+    let lost_counter = probe.take_events_lost()?;
     drop(probe);
     progress.finish();
+    if failed.is_none()
+        && let Err(err) = drain(&mut ring, &mut recorder, FINAL_BUDGET)
+    {
+        match err.downcast::<std::io::Error>() {
+            Ok(io) => failed = Some(io),
+            Err(other) => error = error.or(Some(other)),
+        }
+    }
+    let mut left = 0u64;
+    while ring.next().is_some() {
+        left += 1;
+    }
+    let lost = lost_counter.total()?.saturating_sub(lost_seen) + left;
+    let (foreign, malformed, late) = (recorder.foreign, recorder.malformed, recorder.late);
+    let closed = recorder.close(monotonic_ns(), lost, failed);
+    let synced = closed.sink.sync_all();
+    if let Some(failure) = closed.failure {
+        bail!(
+            "{}",
+            failure_message(&args.output, &failure, closed.trailer.as_ref())
+        );
+    }
+    synced.with_context(|| format!("syncing {}", args.output.display()))?;
+    let trailer = closed
+        .trailer
+        .context("the trailer was not written, yet no write failed")?;
 
     let after = discovery.scan().unwrap_or_default();
     eprint!("{}", summary(&header, &trailer, &baseline, &after));
+    if left > 0 {
+        eprintln!(
+            "  {left} events were still in the kernel's ring {} s after the stop and were not \
+             written (counted as lost): the recorder could not keep up with the load",
+            FINAL_BUDGET.as_secs_f64()
+        );
+    }
     if foreign + malformed + late > 0 {
         eprintln!(
             "  ignored: {foreign} events of untracked devices, {malformed} malformed; {late} \
@@ -180,7 +237,55 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             REORDER_WINDOW_NS / 1_000_000
         );
     }
-    Ok(())
+    error.map_or(Ok(()), Err)
+}
+
+/// What a failed write did to the file, for the error message.
+fn failure_message(
+    path: &std::path::Path,
+    failure: &crate::host::recorder::Failure,
+    trailer: Option<&Trailer>,
+) -> String {
+    let path = path.display();
+    let error = &failure.error;
+    let bytes = failure.cut.offset;
+    match trailer {
+        Some(t) => format!(
+            "writing {path} failed ({error}): recording stopped; the file was ended cleanly at \
+             {bytes} bytes with its trailer: {} events, and {} lost (the {} that did not fit \
+             among them); `tap-probe replay {path}` reads it",
+            t.events, t.lost, failure.dropped
+        ),
+        None => format!(
+            "writing {path} failed ({error}): recording stopped; no room was left even for the \
+             trailer, so the file ends at its last whole record ({bytes} bytes) and {} events \
+             did not fit: `tap-probe replay --salvage {path}` reads what it holds",
+            failure.dropped
+        ),
+    }
+}
+
+/// Moves events from the ring into the recorder for at most `budget`; returns how many.
+fn drain<W: Write>(
+    ring: &mut RingBuf<MapData>,
+    recorder: &mut Recorder<W>,
+    budget: Duration,
+) -> anyhow::Result<usize> {
+    let started = Instant::now();
+    let mut n = 0usize;
+    while let Some(item) = ring.next() {
+        recorder.push_bytes(&item)?;
+        drop(item);
+        n += 1;
+        if n.is_multiple_of(4096) {
+            recorder.flush_settled()?;
+            if started.elapsed() >= budget {
+                break;
+            }
+        }
+    }
+    recorder.flush_settled()?;
+    Ok(n)
 }
 
 fn summary(

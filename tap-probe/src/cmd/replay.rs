@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tap_probe_common::EventKind;
+use tap_probe_trace::{MAX_RING_SIZE, TraceError};
 
 use crate::cli::Format;
 use crate::output::table::{Align, Table};
@@ -17,7 +18,7 @@ use crate::replay::policy::Policy;
 use crate::replay::ring::X86_64_BATCH;
 use crate::replay::sim::{Metrics, SimConfig, simulate};
 use crate::replay::workload::Workload;
-use crate::replay::{Ops, Stream, load_recording};
+use crate::replay::{Cut, Ops, Stream, load_recording, salvage_recording};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -34,12 +35,16 @@ pub(crate) struct Args {
     #[arg(long = "policy", value_name = "POLICY", value_parser = parse_policy)]
     pub(crate) policies: Vec<Policy>,
     /// Ring entries to model instead of the recorded (or spec's) size.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1 << 24))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RING_SIZE)))]
     pub(crate) ring_size: Option<u32>,
     /// Packets the modelled pfifo qdisc holds [default: the ring size, as the kernel's
     /// pfifo defaults to `tx_queue_len`].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_QDISC_LIMIT)))]
     pub(crate) qdisc_limit: Option<u32>,
+    /// Replay a trace that was cut short (the recorder was killed, the machine lost power,
+    /// the disk filled up) up to its last whole record, saying what is missing.
+    #[arg(long, requires = "file")]
+    pub(crate) salvage: bool,
     #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
     /// Also draw ring occupancy over time, one panel per policy, to this SVG file.
@@ -55,6 +60,10 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 0, value_name = "ROUNDS")]
     pub(crate) live_work: u32,
 }
+
+/// The most packets the modelled qdisc may hold: the model allocates room for all of them up
+/// front, and no qdisc in front of a tap holds more than the largest ring.
+const MAX_QDISC_LIMIT: u32 = MAX_RING_SIZE;
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
     s.parse()
@@ -190,19 +199,58 @@ fn load(args: &Args) -> anyhow::Result<(String, u64, Vec<Stream>)> {
     }
     if let Some(path) = &args.file {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let rec = load_recording(file).with_context(|| format!("reading {}", path.display()))?;
+        let rec = if args.salvage {
+            salvage_recording(file)
+        } else {
+            load_recording(file)
+        };
+        let rec = rec.map_err(|err| {
+            let cut =
+                matches!(&err, TraceError::Truncated { what, .. } if !what.starts_with("header"));
+            let hint = if cut {
+                " (the file was cut short: `tap-probe replay --salvage` replays it up to its \
+                 last whole record)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("{err}{hint}").context(format!("reading {}", path.display()))
+        })?;
+        if let Some(cut) = rec.cut {
+            eprintln!(
+                "tap-probe: warning: {}",
+                cut_warning(path, &rec.header, cut)
+            );
+        }
         let source = format!(
             "{} (kernel {}, backend {})",
             path.display(),
             rec.header.kernel_release,
             rec.header.backend
         );
-        return Ok((source, rec.trailer.lost, rec.streams));
+        return Ok((source, rec.lost, rec.streams));
     }
     if args.live {
         return Ok(("live".into(), 0, Vec::new()));
     }
     bail!("nothing to replay: give a trace FILE or --synthetic SPEC (or --live)")
+}
+
+/// What a salvaged file lacks, in one sentence.
+fn cut_warning(path: &std::path::Path, header: &tap_probe_trace::Header, cut: Cut) -> String {
+    let size = std::fs::metadata(path).map_or(cut.offset, |m| m.len());
+    #[expect(clippy::cast_precision_loss, reason = "seconds for display")]
+    let seconds = cut.last_ns.saturating_sub(header.start_ns) as f64 / 1e9;
+    format!(
+        "{} was cut short (no trailer: the recorder was killed, the machine lost power or the \
+         disk filled up): replaying its {} events up to {seconds:.3} s into the recording, \
+         which end at byte {}; {} bytes after that are a partial record and are ignored. \
+         Whatever happened after the cut is missing and its amount is unknown, and without \
+         the trailer the file's checksum cannot be verified",
+        path.display(),
+        cut.events,
+        cut.offset,
+        size.saturating_sub(cut.offset),
+    )
 }
 
 /// Replays every stream under every policy.

@@ -252,6 +252,19 @@ impl Discovery {
                 .is_none_or(|globs| globs.is_match(&device.name))
     }
 
+    /// The statistics of one device found by an earlier scan, read now through the socket
+    /// that scan left open in its namespace.
+    ///
+    /// # Errors
+    /// When its namespace is not open (no scan found it) or the device is gone.
+    pub(crate) fn link_stats(&mut self, key: DeviceKey) -> Result<LinkStats> {
+        let rtnl = self
+            .sockets
+            .get_mut(&key.netns)
+            .ok_or_else(|| anyhow!("network namespace {} is not open", key.netns))?;
+        Ok(rtnl.link_by_index(key.ifindex)?.stats)
+    }
+
     fn links_in(&mut self, ns: &NetnsInfo) -> Result<Vec<Link>> {
         let rtnl = match self.sockets.entry(ns.inode) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),

@@ -1,17 +1,19 @@
 //! The host as tap-probe watches it: which devices exist, which are tracked, what each
 //! refresh shows, and the recorder that turns events into a trace.
 
+pub(crate) mod baseline;
 pub(crate) mod discovery;
 pub(crate) mod recorder;
 pub(crate) mod report;
 pub(crate) mod watcher;
 
 use anyhow::Result;
-use tap_probe_common::DeviceKey;
+use tap_probe_common::{DeviceKey, QueueCounters};
 
 use crate::bpf::backend::Sources;
 use crate::bpf::probe::{DeviceCounters, Probe};
 use crate::os::clock::monotonic_ns;
+use crate::os::netlink::LinkStats;
 use discovery::{Device, Discovery};
 
 /// What the watcher needs from the host and from the probe, narrow enough for a test to
@@ -39,6 +41,22 @@ pub(crate) trait Host {
     /// # Errors
     /// When the device is not tracked or a map cannot be read.
     fn counters(&self, key: DeviceKey) -> Result<DeviceCounters>;
+    /// A tracked device's per-queue counters alone (no drop reasons): the cheap read the
+    /// watcher brackets the kernel's statistics with.
+    ///
+    /// # Errors
+    /// When the device is not tracked or a map cannot be read.
+    fn queue_counters(&self, key: DeviceKey) -> Result<Vec<QueueCounters>>;
+    /// Zeroes a tracked device's counters, to count again from now.
+    ///
+    /// # Errors
+    /// When the device is not tracked or the maps refuse it.
+    fn reset(&mut self, key: DeviceKey) -> Result<()>;
+    /// One device's statistics, as the kernel has them now.
+    ///
+    /// # Errors
+    /// When the device or its namespace cannot be read.
+    fn kernel_stats(&mut self, key: DeviceKey) -> Result<LinkStats>;
     /// Called at the start of each refresh: slots freed a refresh ago may be reused, and
     /// the programs' messages go to the log.
     fn refresh_started(&mut self);
@@ -69,6 +87,18 @@ impl Host for LiveHost {
 
     fn counters(&self, key: DeviceKey) -> Result<DeviceCounters> {
         self.probe.read(key)
+    }
+
+    fn queue_counters(&self, key: DeviceKey) -> Result<Vec<QueueCounters>> {
+        self.probe.read_queues(key)
+    }
+
+    fn reset(&mut self, key: DeviceKey) -> Result<()> {
+        self.probe.reset_device(key)
+    }
+
+    fn kernel_stats(&mut self, key: DeviceKey) -> Result<LinkStats> {
+        self.discovery.link_stats(key)
     }
 
     fn refresh_started(&mut self) {

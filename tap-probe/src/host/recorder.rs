@@ -4,12 +4,120 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::io::Write;
+use std::io::{self, Seek as _, Write};
 
 use anyhow::Context as _;
 use tap_probe_common::{DeviceKey, EventKind, TraceEvent};
 
-use tap_probe_trace::{Event, Header, TraceWriter, Trailer};
+use tap_probe_trace::{CutBack, Event, Header, TraceWriter, Trailer};
+
+/// Where a trace goes: something that can also be cut back to a length (a file; a vector in
+/// tests), so that a recording that ran out of disk still ends at a whole record.
+pub(crate) trait Sink: Write {
+    /// Drops everything from byte `len` on, and writes on from there.
+    ///
+    /// # Errors
+    /// When the sink refuses.
+    fn cut_to(&mut self, len: u64) -> io::Result<()>;
+}
+
+/// Bytes kept allocated past the end of a trace file: room for a lost note and the trailer
+/// (104 bytes) once the disk is full, a page on most filesystems.
+const RESERVE: u64 = 4096;
+
+/// A trace file that keeps [`RESERVE`] bytes allocated past what it wrote
+/// (`fallocate(FALLOC_FL_KEEP_SIZE)`): when the disk fills up, a write fails before the
+/// reserve is touched, and the end of the file (a lost note, the trailer) still fits. On a
+/// filesystem without `fallocate` it is a plain file.
+pub(crate) struct TraceFile {
+    file: std::fs::File,
+    /// Where the next write goes.
+    at: u64,
+    /// Set once reserving failed: the writes from then on use the reserve.
+    full: bool,
+}
+
+impl TraceFile {
+    pub(crate) fn new(file: std::fs::File) -> Self {
+        Self {
+            file,
+            at: 0,
+            full: false,
+        }
+    }
+
+    /// Flushes to the disk, dropping the reserve past the end.
+    ///
+    /// # Errors
+    /// When the file cannot be synced.
+    pub(crate) fn sync_all(&self) -> io::Result<()> {
+        self.file.set_len(self.at)?;
+        self.file.sync_all()
+    }
+}
+
+impl Write for TraceFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !self.full {
+            let len = i64::try_from(buf.len() as u64 + RESERVE).unwrap_or(i64::MAX);
+            let at = i64::try_from(self.at).unwrap_or(i64::MAX);
+            match nix::fcntl::fallocate(
+                &self.file,
+                nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                at,
+                len,
+            ) {
+                Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => {}
+                Err(nix::errno::Errno::ENOSPC) => {
+                    self.full = true;
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        let n = self.file.write(buf)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Sink for TraceFile {
+    fn cut_to(&mut self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)?;
+        self.at = len;
+        self.file.seek(io::SeekFrom::Start(len)).map(|_| ())
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn cut_to(&mut self, len: u64) -> io::Result<()> {
+        self.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        Ok(())
+    }
+}
+
+/// How [`Recorder::close`] ended the file.
+pub(crate) struct Closed<W> {
+    pub(crate) sink: W,
+    /// What the trailer says; `None` when not even it could be written (the file then ends
+    /// at its last whole record, for `replay --salvage`).
+    pub(crate) trailer: Option<Trailer>,
+    /// A write that failed, and what the cut back to a whole record dropped.
+    pub(crate) failure: Option<Failure>,
+}
+
+/// A write that failed, and what that cost.
+pub(crate) struct Failure {
+    pub(crate) error: io::Error,
+    /// Where the file was cut back to (its length).
+    pub(crate) cut: CutBack,
+    /// Events that never reached the file: the cut's, and those held for ordering.
+    pub(crate) dropped: u64,
+}
 
 /// Events are written once they are this much older than the newest event seen.
 pub(crate) const REORDER_WINDOW_NS: u64 = 10_000_000;
@@ -144,7 +252,7 @@ impl<W: Write> Recorder<W> {
         Ok(())
     }
 
-    fn write_oldest(&mut self) -> anyhow::Result<()> {
+    fn write_oldest(&mut self) -> io::Result<()> {
         let Some(Reverse(p)) = self.heap.pop() else {
             return Ok(());
         };
@@ -179,11 +287,70 @@ impl<W: Write> Recorder<W> {
     ///
     /// # Errors
     /// When writing fails.
+    #[cfg(test)]
     pub(crate) fn finish(mut self) -> anyhow::Result<(W, Trailer)> {
         while !self.heap.is_empty() {
             self.write_oldest()?;
         }
         Ok(self.writer.finish()?)
+    }
+}
+
+impl<W: Sink> Recorder<W> {
+    /// Ends the file: a lost note of `lost` more events at `ts_ns`, what is held, and the
+    /// trailer. When a write fails here, or `failed` already did: the file is cut back to its
+    /// last whole record and ended there, with the events that did not make it counted in
+    /// the lost note; when even that cannot be written, it is left ending at that record.
+    pub(crate) fn close(mut self, ts_ns: u64, lost: u64, failed: Option<io::Error>) -> Closed<W> {
+        let error = match failed {
+            Some(error) => error,
+            None => match self.end_normally(ts_ns, lost) {
+                Ok(trailer) => {
+                    return Closed {
+                        sink: self.writer.into_inner(),
+                        trailer: Some(trailer),
+                        failure: None,
+                    };
+                }
+                Err(error) => error,
+            },
+        };
+        let held = self.heap.len() as u64;
+        self.heap.clear();
+        let mut cut = self.writer.cut_back();
+        let dropped = held + cut.events;
+        let trailer = match self.writer.get_mut().cut_to(cut.offset) {
+            Ok(()) => self
+                .writer
+                .lost(ts_ns, lost + dropped)
+                .and_then(|()| self.writer.end())
+                .ok(),
+            Err(_) => None,
+        };
+        if trailer.is_none() {
+            // Not even the note and the trailer fit: end at the last whole record.
+            cut = self.writer.cut_back();
+            let _ = self.writer.get_mut().cut_to(cut.offset);
+        }
+        Closed {
+            sink: self.writer.into_inner(),
+            trailer,
+            failure: Some(Failure {
+                error,
+                cut,
+                dropped,
+            }),
+        }
+    }
+
+    fn end_normally(&mut self, ts_ns: u64, lost: u64) -> io::Result<Trailer> {
+        if lost > 0 {
+            self.writer.lost(ts_ns, lost)?;
+        }
+        while !self.heap.is_empty() {
+            self.write_oldest()?;
+        }
+        self.writer.end()
     }
 }
 

@@ -17,6 +17,9 @@ pub struct KernelDeltas {
     pub tx_packets: u64,
     /// Drops inside the driver's transmit (`tun_net_xmit`'s `drop:` path).
     pub tx_dropped: u64,
+    /// How many packets the two above may be off from the probes' counters: counted while
+    /// the kernel's statistics were read, or before its baseline could be taken.
+    pub skew: u64,
 }
 
 /// One device queue in one refresh. Its values are read through [`Row::value`], by the
@@ -91,6 +94,7 @@ impl Row {
             Source::RingOccupancy => self.occupancy.map_or(Value::Missing, Value::Distribution),
             Source::Kernel(KernelStat::TxPackets) => Value::Count(self.kernel.tx_packets),
             Source::Kernel(KernelStat::TxDropped) => Value::Count(self.kernel.tx_dropped),
+            Source::Kernel(KernelStat::Skew) => Value::Count(self.kernel.skew),
         }
     }
 }
@@ -174,6 +178,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) programs: Option<Vec<crate::bpf::probe::ProgramStats>>,
     pub rows: Vec<Row>,
+    /// Devices that match the filter but are not counted, and why.
+    pub untracked: Vec<crate::host::watcher::Untracked>,
 }
 
 #[cfg(test)]
@@ -183,7 +189,7 @@ mod tests {
     /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
     #[test]
     fn row_json_is_unchanged() {
-        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"ifindex":7,"ifname":"tap0","kernel":{"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"ifindex":7,"ifname":"tap0","kernel":{"skew":0,"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
         let row = Row {
             ifname: "tap0".to_owned(),
             ifindex: 7,
@@ -234,6 +240,7 @@ mod tests {
             kernel: KernelDeltas {
                 tx_packets: 6,
                 tx_dropped: 2,
+                skew: 0,
             },
             retired: false,
         };

@@ -4,12 +4,13 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE};
+use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE, QueueCounters};
 
 use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
-use crate::bpf::probe::{DeviceCounters, Probe};
+use crate::bpf::probe::{DeviceCounters, Full, Probe};
+use crate::host::baseline::{self, Baseline, counted_between};
 use crate::host::discovery::{Device, Discovery, Filter};
-use crate::host::report::{KernelDeltas, Report, RowContext, device_rows};
+use crate::host::report::{KernelDeltas, Report, Row, RowContext, device_rows};
 use crate::host::{Host, LiveHost};
 use crate::kernel::{KernelInfo, ReasonNames, TunBackpressure};
 
@@ -29,12 +30,17 @@ pub(crate) struct Tracker<H> {
     stuck_after: Duration,
     started: Instant,
     devices: HashMap<DeviceKey, Tracked>,
+    /// Devices that match but are not tracked, and why.
+    untracked: HashMap<DeviceKey, Untracked>,
+    /// The probe's tables were full at the last attempt; nothing was untracked since, so
+    /// there is no point in trying again.
+    full: bool,
 }
 
 struct Tracked {
     device: Device,
     /// The kernel's counters when tracking began.
-    baseline: (u64, u64),
+    baseline: Baseline,
     /// The last deltas read, kept for the retirement row.
     kernel: KernelDeltas,
     /// Per queue: `consumed` as last read, and when it last changed (`CLOCK_MONOTONIC` ns;
@@ -65,6 +71,14 @@ impl Tracked {
             })
             .collect()
     }
+}
+
+/// A device that matches the filter but is not counted.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Untracked {
+    pub ifname: String,
+    pub netns: String,
+    pub reason: String,
 }
 
 impl Watcher {
@@ -151,6 +165,8 @@ impl<H: Host> Tracker<H> {
             stuck_after: DEFAULT_STUCK_AFTER,
             started: Instant::now(),
             devices: HashMap::new(),
+            untracked: HashMap::new(),
+            full: false,
         }
     }
 }
@@ -161,12 +177,24 @@ impl<H: Host> Tracker<H> {
     ///
     /// # Errors
     /// When the scan or a map read fails.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one refresh: retire, track, read, in the order the baseline needs"
+    )]
     pub(crate) fn refresh(&mut self) -> anyhow::Result<Report> {
         self.host.refresh_started();
-        let now_ns = self.host.now_ns();
+        // The probes' counters before the kernel's statistics are read, and again after: what
+        // they counted in between bounds how far the two may be off (see `baseline`).
+        let before: HashMap<DeviceKey, Vec<QueueCounters>> = self
+            .devices
+            .keys()
+            .filter_map(|&key| Some((key, self.host.queue_counters(key).ok()?)))
+            .collect();
         let seen = self.host.devices()?;
+        let now_ns = self.host.now_ns();
         let mut rows = Vec::new();
         let current: HashMap<DeviceKey, Device> = seen.into_iter().map(|d| (d.key, d)).collect();
+        self.untracked.retain(|key, _| current.contains_key(key));
         let gone: Vec<DeviceKey> = self
             .devices
             .keys()
@@ -174,34 +202,13 @@ impl<H: Host> Tracker<H> {
             .copied()
             .collect();
         for key in gone {
-            if let Some(mut tracked) = self.devices.remove(&key) {
-                // Read before untracking: the slots are zeroed on reuse, not on removal.
-                let counters = self.host.counters(key)?;
-                let kernel = tracked.kernel;
-                let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
-                rows.extend(device_rows(
-                    &tracked.device,
-                    &counters,
-                    kernel,
-                    &self.names,
-                    now_ns,
-                    context(
-                        self.host.sources(),
-                        self.backpressure,
-                        &tracked.device,
-                        true,
-                    ),
-                    &stuck,
-                ));
-                self.host.untrack(key)?;
-                log::info!(
-                    "{} (netns {}) is gone; retired",
-                    tracked.device.name,
-                    tracked.device.netns
-                );
-            }
+            self.retire(key, now_ns, &mut rows);
         }
+        let mut newly_untracked = Vec::new();
         for (key, device) in current {
+            // For a device tracked in this refresh, the kernel's statistics of the row are its
+            // baseline, and the probes' counters read right after it bracket them.
+            let mut fresh = None;
             let tracked = match self.devices.entry(key) {
                 std::collections::hash_map::Entry::Occupied(e) => {
                     let t = e.into_mut();
@@ -209,36 +216,48 @@ impl<H: Host> Tracker<H> {
                     t
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    // A multi-queue tap has 256 queues whatever number is attached; count the
-                    // first MAX_QUEUES_PER_DEVICE (the eBPF side ignores queues beyond).
-                    self.host.track(
-                        key,
-                        device.queues.min(MAX_QUEUES_PER_DEVICE),
-                        device.slot_flags(),
-                    )?;
-                    let baseline = (device.stats.tx_packets, device.stats.tx_dropped);
-                    e.insert(Tracked {
-                        device,
-                        baseline,
-                        kernel: KernelDeltas::default(),
-                        takes: Vec::new(),
-                        since_ns: now_ns,
-                    })
+                    match start_tracking(&mut self.host, key, &device, self.full) {
+                        Ok((baseline, after)) => {
+                            self.untracked.remove(&key);
+                            fresh = Some(after);
+                            e.insert(Tracked {
+                                device,
+                                baseline,
+                                kernel: KernelDeltas::default(),
+                                takes: Vec::new(),
+                                since_ns: now_ns,
+                            })
+                        }
+                        Err(err) => {
+                            self.full |= err.is::<Full>();
+                            if !self.untracked.contains_key(&key) {
+                                newly_untracked.push(device.name.clone());
+                            }
+                            self.untracked.insert(
+                                key,
+                                Untracked {
+                                    ifname: device.name,
+                                    netns: device.netns,
+                                    reason: format!("{err:#}"),
+                                },
+                            );
+                            continue;
+                        }
+                    }
                 }
             };
-            let counters = self.host.counters(key)?;
-            let kernel = KernelDeltas {
-                tx_packets: tracked
-                    .device
-                    .stats
-                    .tx_packets
-                    .saturating_sub(tracked.baseline.0),
-                tx_dropped: tracked
-                    .device
-                    .stats
-                    .tx_dropped
-                    .saturating_sub(tracked.baseline.1),
+            let counters = match self.host.counters(key) {
+                Ok(counters) => counters,
+                Err(err) => {
+                    log::warn!(
+                        "cannot read the counters of {} (netns {}): {err:#}",
+                        tracked.device.name,
+                        tracked.device.netns
+                    );
+                    continue;
+                }
             };
+            let kernel = kernel_deltas(tracked, fresh.as_deref(), before.get(&key), &counters);
             tracked.kernel = kernel;
             let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
             let context = context(
@@ -257,12 +276,18 @@ impl<H: Host> Tracker<H> {
                 &stuck,
             ));
         }
+        if !newly_untracked.is_empty() {
+            warn_untracked(&newly_untracked, self.untracked.len());
+        }
         rows.sort_by(|a, b| (&a.netns, &a.ifname, a.queue).cmp(&(&b.netns, &b.ifname, b.queue)));
+        let mut untracked: Vec<Untracked> = self.untracked.values().cloned().collect();
+        untracked.sort_by(|a, b| (&a.netns, &a.ifname).cmp(&(&b.netns, &b.ifname)));
         Ok(Report {
             elapsed_s: self.started.elapsed().as_secs_f64(),
             sources: self.host.sources().clone(),
             programs: None,
             rows,
+            untracked,
         })
     }
 }
@@ -294,8 +319,126 @@ fn context(
     }
 }
 
+impl<H: Host> Tracker<H> {
+    /// A device is gone: its last row, marked, and its slots given back.
+    fn retire(&mut self, key: DeviceKey, now_ns: u64, rows: &mut Vec<Row>) {
+        let Some(mut tracked) = self.devices.remove(&key) else {
+            return;
+        };
+        // Read before untracking: the slots are zeroed on reuse, not on removal.
+        match self.host.counters(key) {
+            Ok(counters) => {
+                let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
+                rows.extend(device_rows(
+                    &tracked.device,
+                    &counters,
+                    tracked.kernel,
+                    &self.names,
+                    now_ns,
+                    context(
+                        self.host.sources(),
+                        self.backpressure,
+                        &tracked.device,
+                        true,
+                    ),
+                    &stuck,
+                ));
+            }
+            Err(err) => log::warn!(
+                "cannot read the last counters of {} (netns {}): {err:#}",
+                tracked.device.name,
+                tracked.device.netns
+            ),
+        }
+        if let Err(err) = self.host.untrack(key) {
+            log::warn!("untracking {}: {err:#}", tracked.device.name);
+        }
+        self.full = false;
+        log::info!(
+            "{} (netns {}) is gone; retired",
+            tracked.device.name,
+            tracked.device.netns
+        );
+    }
+}
+
+/// The kernel's statistics of a device as deltas since its baseline, and how far they may be
+/// off from `counters`: for a device tracked in this refresh (`fresh`: the probes' counters
+/// read right after its baseline) they are the baseline itself; for the others, the
+/// statistics of this refresh's scan, read after `before`.
+fn kernel_deltas(
+    tracked: &Tracked,
+    fresh: Option<&[QueueCounters]>,
+    before: Option<&Vec<QueueCounters>>,
+    counters: &DeviceCounters,
+) -> KernelDeltas {
+    let counted = |from: &[QueueCounters]| counted_between(from, &counters.queues);
+    match fresh {
+        Some(after) => KernelDeltas {
+            tx_packets: 0,
+            tx_dropped: 0,
+            skew: tracked.baseline.skew + counted(after),
+        },
+        None => KernelDeltas {
+            tx_packets: tracked
+                .device
+                .stats
+                .tx_packets
+                .saturating_sub(tracked.baseline.tx_packets),
+            tx_dropped: tracked
+                .device
+                .stats
+                .tx_dropped
+                .saturating_sub(tracked.baseline.tx_dropped),
+            skew: tracked.baseline.skew + before.map_or(0, |b| counted(b)),
+        },
+    }
+}
+
+/// Starts counting a device and reads the kernel's baseline for it; `full` says the probe's
+/// tables were full at the last attempt, so it is not tried.
+///
+/// # Errors
+/// [`Full`] when there is no room, or why tracking or the baseline failed (the device is then
+/// not tracked).
+fn start_tracking(
+    host: &mut impl Host,
+    key: DeviceKey,
+    device: &Device,
+    full: bool,
+) -> anyhow::Result<(Baseline, Vec<QueueCounters>)> {
+    if full {
+        return Err(Full::Devices.into());
+    }
+    // A multi-queue tap has 256 queues whatever number is attached; count the first
+    // MAX_QUEUES_PER_DEVICE (the eBPF side ignores queues beyond).
+    host.track(
+        key,
+        device.queues.clamp(1, MAX_QUEUES_PER_DEVICE),
+        device.slot_flags(),
+    )?;
+    baseline::take(host, key).inspect_err(|_| {
+        let _ = host.untrack(key);
+    })
+}
+
+/// Says once which devices became untracked, without a line per device when thousands are.
+fn warn_untracked(names: &[String], total: usize) {
+    const SHOWN: usize = 8;
+    let mut list = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        let _ = write!(list, " and {} more", names.len() - SHOWN);
+    }
+    log::warn!(
+        "not tracking {list} ({total} devices untracked in all; see `untracked` in the report): \
+         the probe's tables are full or the devices could not be added; they are tracked as \
+         soon as room is made"
+    );
+}
+
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
     use std::collections::BTreeMap;
 
     use tap_probe_common::QueueCounters;
@@ -316,6 +459,48 @@ mod tests {
         calls: Vec<String>,
         now_ns: u64,
         sources: Sources,
+        /// How many devices the probe has room for.
+        room: usize,
+        wire: RefCell<Option<Wire>>,
+    }
+
+    /// Traffic on one device while the tracker works: each call into the host lets the next
+    /// number of `per_call` packets (cycling) through, which the kernel counts and, once the
+    /// device is tracked, the probes too (as takes by the reader).
+    struct Wire {
+        key: DeviceKey,
+        per_call: Vec<u64>,
+        calls: usize,
+        kernel: u64,
+        ours: u64,
+    }
+
+    impl FakeHost {
+        fn tick(&self) {
+            if let Some(w) = self.wire.borrow_mut().as_mut() {
+                let n = w.per_call[w.calls % w.per_call.len()];
+                w.calls += 1;
+                w.kernel += n;
+                if self.tracked.contains_key(&w.key) {
+                    w.ours += n;
+                }
+            }
+        }
+
+        /// The kernel's extra count of `key`, and the probes'.
+        fn on_wire(&self, key: DeviceKey) -> (u64, u64) {
+            self.wire
+                .borrow()
+                .as_ref()
+                .filter(|w| w.key == key)
+                .map_or((0, 0), |w| (w.kernel, w.ours))
+        }
+
+        fn stats(&self, key: DeviceKey) -> Option<LinkStats> {
+            let mut stats = self.devices.iter().find(|d| d.key == key)?.stats;
+            stats.tx_packets += self.on_wire(key).0;
+            Some(stats)
+        }
     }
 
     impl FakeHost {
@@ -334,16 +519,31 @@ mod tests {
                     ring: Ring::Unavailable("not in this test".to_owned()),
                     notes: Vec::new(),
                 },
+                room: usize::MAX,
+                wire: RefCell::new(None),
             }
         }
     }
 
     impl Host for FakeHost {
         fn devices(&mut self) -> anyhow::Result<Vec<Device>> {
-            Ok(self.devices.clone())
+            self.tick();
+            Ok(self
+                .devices
+                .iter()
+                .map(|d| Device {
+                    stats: self.stats(d.key).unwrap(),
+                    ..d.clone()
+                })
+                .collect())
         }
 
         fn track(&mut self, key: DeviceKey, queues: u32, _flags: u32) -> anyhow::Result<()> {
+            self.tick();
+            if self.tracked.len() >= self.room {
+                self.calls.push(format!("full {}", key.ifindex));
+                return Err(Full::Devices.into());
+            }
             self.calls.push(format!("track {} {queues}", key.ifindex));
             self.tracked.insert(key, queues);
             Ok(())
@@ -360,12 +560,33 @@ mod tests {
                 .tracked
                 .get(&key)
                 .ok_or_else(|| anyhow::anyhow!("{key:?} is not tracked"))?;
+            self.tick();
             let mut counters = self.counters.get(&key).cloned().unwrap_or_default();
             let queues = usize::try_from(queues).unwrap();
             counters.queues.resize(queues, QueueCounters::default());
             counters.stopped_since.resize(queues, None);
             counters.occupancy.resize(queues, RingOccupancy::default());
+            counters.queues[0].consumed += self.on_wire(key).1;
             Ok(counters)
+        }
+
+        fn queue_counters(&self, key: DeviceKey) -> anyhow::Result<Vec<QueueCounters>> {
+            Ok(self.counters(key)?.queues)
+        }
+
+        fn reset(&mut self, key: DeviceKey) -> anyhow::Result<()> {
+            self.calls.push(format!("reset {}", key.ifindex));
+            self.counters.remove(&key);
+            if let Some(w) = self.wire.get_mut().as_mut().filter(|w| w.key == key) {
+                w.ours = 0;
+            }
+            Ok(())
+        }
+
+        fn kernel_stats(&mut self, key: DeviceKey) -> anyhow::Result<LinkStats> {
+            self.tick();
+            self.stats(key)
+                .ok_or_else(|| anyhow::anyhow!("no device {key:?}"))
         }
 
         fn refresh_started(&mut self) {
@@ -547,5 +768,99 @@ mod tests {
             .map(|r| (r.netns.as_str(), r.ifname.as_str()))
             .collect();
         assert_eq!(order, [("a-ns", "b"), ("ns", "a"), ("ns", "z")]);
+    }
+
+    /// Attached while a load runs (packets flow between any two reads, in bursts): once the
+    /// traffic stops, the kernel's column and the probes' agree exactly, and the skew says so.
+    #[test]
+    fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
+        let mut t = tracker();
+        let key = DeviceKey {
+            netns: 7,
+            ifindex: 3,
+        };
+        t.host.devices = vec![device(3, "tap0", 5_000, 0)];
+        *t.host.wire.get_mut() = Some(Wire {
+            key,
+            per_call: vec![2, 0, 3, 0, 0, 1, 0],
+            calls: 0,
+            kernel: 0,
+            ours: 0,
+        });
+        for _ in 0..5 {
+            let row = t.refresh().unwrap().rows.remove(0);
+            assert!(
+                row.kernel.tx_packets.abs_diff(row.counters.consumed) <= row.kernel.skew,
+                "under load the difference is within the skew shown: {row:?}"
+            );
+        }
+        t.host.wire.get_mut().as_mut().unwrap().per_call = vec![0];
+        let row = t.refresh().unwrap().rows.remove(0);
+        assert!(row.counters.consumed > 0, "{row:?}");
+        assert_eq!(row.kernel.skew, 0, "{row:?}");
+        assert_eq!(
+            row.kernel.tx_packets, row.counters.consumed,
+            "once traffic stops the two agree: {row:?}"
+        );
+    }
+
+    /// A load that never pauses: no exact baseline can be read, and the skew bounds the
+    /// difference instead of hiding it.
+    #[test]
+    fn a_load_without_pauses_shows_its_skew() {
+        let mut t = tracker();
+        let key = DeviceKey {
+            netns: 7,
+            ifindex: 3,
+        };
+        t.host.devices = vec![device(3, "tap0", 5_000, 0)];
+        *t.host.wire.get_mut() = Some(Wire {
+            key,
+            per_call: vec![1],
+            calls: 0,
+            kernel: 0,
+            ours: 0,
+        });
+        t.refresh().unwrap();
+        t.host.wire.get_mut().as_mut().unwrap().per_call = vec![0];
+        let row = t.refresh().unwrap().rows.remove(0);
+        assert!(row.kernel.skew > 0, "{row:?}");
+        let diff = row.counters.consumed - row.kernel.tx_packets;
+        assert!(diff > 0 && diff <= row.kernel.skew, "{row:?}");
+    }
+
+    /// When the probe's tables are full, the devices left out are listed, the refresh goes
+    /// on, and they are tracked once a device goes away and makes room.
+    #[test]
+    fn devices_beyond_the_tables_are_listed_and_tracked_once_room_is_made() {
+        let mut t = tracker();
+        t.host.room = 2;
+        t.host.devices = vec![
+            device(3, "tap0", 0, 0),
+            device(4, "tap1", 0, 0),
+            device(5, "tap2", 0, 0),
+        ];
+        let report = t.refresh().unwrap();
+        assert_eq!(report.rows.len(), 2);
+        assert_eq!(report.untracked.len(), 1, "{:?}", report.untracked);
+        assert!(report.untracked[0].reason.contains("tracked already"));
+        // Full: no attempt is made again until something goes away.
+        let attempts = |t: &Tracker<FakeHost>| {
+            t.host
+                .calls
+                .iter()
+                .filter(|c| c.starts_with("full"))
+                .count()
+        };
+        let before = attempts(&t);
+        let report = t.refresh().unwrap();
+        assert_eq!((report.rows.len(), report.untracked.len()), (2, 1));
+        assert_eq!(attempts(&t), before);
+        // One of the tracked ones goes: the untracked one takes its place.
+        let gone = report.rows[0].ifindex;
+        t.host.devices.retain(|d| d.key.ifindex != gone);
+        let report = t.refresh().unwrap();
+        assert!(report.untracked.is_empty(), "{:?}", report.untracked);
+        assert_eq!(report.rows.iter().filter(|r| !r.retired).count(), 2);
     }
 }

@@ -465,13 +465,24 @@ pub(crate) fn totals(
     lines
 }
 
-/// Below each refresh: the time since attach, the devices, the other drops by reason.
+/// Below each refresh: the time since attach, the devices, the stuck queues, the devices
+/// not counted, the other drops by reason.
 #[must_use]
 pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
+    let untracked = match report.untracked.first() {
+        Some(first) => format!(
+            "; NOT COUNTED: {} matching device{} ({}, ...): {}",
+            report.untracked.len(),
+            if report.untracked.len() == 1 { "" } else { "s" },
+            first.ifname,
+            first.reason
+        ),
+        None => String::new(),
+    };
     if report.rows.is_empty() {
         return clip_to(
             &format!(
-                "{:.1} s since attach; no matching device now",
+                "{:.1} s since attach; no matching device now{untracked}",
                 report.elapsed_s
             ),
             width,
@@ -483,6 +494,20 @@ pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
         report.elapsed_s,
         if devices == 1 { "" } else { "s" }
     );
+    let stuck: Vec<String> = report
+        .rows
+        .iter()
+        .filter(|r| r.stuck && !r.retired)
+        .map(|r| format!("{}/q{}", r.ifname, r.queue))
+        .collect();
+    if !stuck.is_empty() {
+        let _ = write!(
+            text,
+            "; STUCK (stopped, reader took nothing): {}",
+            stuck.join(", ")
+        );
+    }
+    text.push_str(&untracked);
     let reasons = reasons(report);
     if !reasons.is_empty() {
         let _ = write!(text, "; other drops: {}", reasons.join(", "));

@@ -246,6 +246,7 @@ pub(crate) mod tests {
             kernel: KernelDeltas {
                 tx_packets: consumed,
                 tx_dropped: full,
+                skew: 0,
             },
             retired: false,
         }
@@ -263,6 +264,7 @@ pub(crate) mod tests {
                 notes: Vec::new(),
             },
             programs: None,
+            untracked: Vec::new(),
             rows,
         }
     }

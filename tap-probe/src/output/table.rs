@@ -218,6 +218,15 @@ fn footer(report: &Report, out: &mut String) {
             stuck.join(", ")
         );
     }
+    if let Some(first) = report.untracked.first() {
+        let _ = writeln!(
+            out,
+            "not counted: {} matching devices ({}, ...): {}",
+            report.untracked.len(),
+            first.ifname,
+            first.reason
+        );
+    }
     let _ = writeln!(out, "{:.1} s since attach", report.elapsed_s);
 }
 

@@ -87,8 +87,26 @@ impl Stream {
 #[derive(Debug, Clone)]
 pub struct Recording {
     pub header: tap_probe_trace::Header,
+    /// The trailer's counts; all zero for a salvaged file, which has none.
     pub trailer: Trailer,
     pub streams: Vec<Stream>,
+    /// Events lost in the kernel, summed over the file's lost notes (for a complete file,
+    /// what the trailer says).
+    pub lost: u64,
+    /// For a file cut short and salvaged: where its last whole record ends, and the time of
+    /// the last event before the cut.
+    pub cut: Option<Cut>,
+}
+
+/// Where a salvaged recording was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// The byte offset at which the last whole record ends.
+    pub offset: u64,
+    /// `CLOCK_MONOTONIC` ns of the last event read (the header's start when there is none).
+    pub last_ns: u64,
+    /// Event records read before the cut.
+    pub events: u64,
 }
 
 /// Reads a whole trace: every (device, queue) that saw an arrival or a read becomes a
@@ -97,15 +115,39 @@ pub struct Recording {
 /// model recomputes, and other drops never reached the ring.
 ///
 /// # Errors
-/// Whatever the trace reader finds wrong with the file.
+/// Whatever the trace reader finds wrong with the file, a file cut short included.
 pub fn load_recording<R: Read>(input: R) -> Result<Recording, TraceError> {
-    let mut reader = TraceReader::new(input)?;
+    read_recording(TraceReader::new(input)?)
+}
+
+/// As [`load_recording`] for a file that may have been cut short (killed recorder, power
+/// loss, full disk): the events up to the last whole record, and [`Recording::cut`] says
+/// where the file ends.
+///
+/// # Errors
+/// Whatever the trace reader finds wrong with the file other than its end.
+pub fn salvage_recording<R: Read>(input: R) -> Result<Recording, TraceError> {
+    read_recording(TraceReader::new(input)?.salvage())
+}
+
+fn read_recording<R: Read>(mut reader: TraceReader<R>) -> Result<Recording, TraceError> {
     let header = reader.header().clone();
     let mut index: HashMap<(u16, u16), usize> = HashMap::new();
     let mut pairs: Vec<Vec<(u64, u32)>> = Vec::new();
     let mut streams: Vec<Stream> = Vec::new();
+    let mut lost = 0u64;
+    let mut events = 0u64;
+    let mut last_ns = header.start_ns;
     for rec in reader.by_ref() {
-        let Record::Event(e) = rec? else { continue };
+        let e = match rec? {
+            Record::Event(e) => e,
+            Record::Lost { count, .. } => {
+                lost = lost.saturating_add(count);
+                continue;
+            }
+        };
+        events += 1;
+        last_ns = last_ns.max(e.ts_ns);
         let i = *index.entry((e.device, e.queue)).or_insert_with(|| {
             let d = &header.devices[usize::from(e.device)];
             streams.push(Stream {
@@ -127,8 +169,14 @@ pub fn load_recording<R: Read>(input: R) -> Result<Recording, TraceError> {
             _ => {}
         }
     }
-    // The iterator ends with an error (returned above) or after the trailer.
+    // The iterator ends with an error (returned above), after the trailer, or (salvaging)
+    // at the cut.
     let trailer = reader.trailer().copied().unwrap_or_default();
+    let cut = reader.cut().map(|offset| Cut {
+        offset,
+        last_ns,
+        events,
+    });
     for (s, p) in streams.iter_mut().zip(pairs) {
         s.ops = Ops::from_unordered(p);
     }
@@ -137,6 +185,8 @@ pub fn load_recording<R: Read>(input: R) -> Result<Recording, TraceError> {
         header,
         trailer,
         streams,
+        lost,
+        cut,
     })
 }
 

@@ -23,7 +23,7 @@ pub enum Policy {
 
 impl Policy {
     /// The four policies the series compares, with its F = 1/2.
-    pub(crate) const DEFAULTS: [Self; 4] = [
+    pub const DEFAULTS: [Self; 4] = [
         Self::TailDrop,
         Self::StopWake(0.5),
         Self::WakeEvery,

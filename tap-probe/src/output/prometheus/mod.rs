@@ -58,6 +58,13 @@ pub(crate) fn exposition(report: &Report) -> String {
     }
     let _ = write!(
         out,
+        "# HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's \
+         tables are full).\n# TYPE tap_probe_untracked_devices gauge\n\
+         tap_probe_untracked_devices {}\n",
+        report.untracked.len()
+    );
+    let _ = write!(
+        out,
         "# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.\n\
          # TYPE tap_probe_elapsed_seconds gauge\ntap_probe_elapsed_seconds {}\n",
         report.elapsed_s
@@ -214,6 +221,7 @@ mod tests {
             kernel: KernelDeltas {
                 tx_packets: 6,
                 tx_dropped: 2,
+                skew: 0,
             },
             retired: false,
         }
@@ -232,6 +240,7 @@ mod tests {
             },
             programs: None,
             rows,
+            untracked: Vec::new(),
         }
     }
 
@@ -282,6 +291,7 @@ mod tests {
     /// scrapers and dashboards depend on the names, the order does not hurt to keep. New
     /// families come in between; none that was there changed.
     #[test]
+    #[expect(clippy::too_many_lines, reason = "the golden exposition, whole")]
     fn exposition_is_unchanged() {
         const GOLDEN: &str = r#"# HELP tap_probe_xmit_calls_total Calls into the driver's ndo_start_xmit.
 # TYPE tap_probe_xmit_calls_total counter
@@ -374,9 +384,15 @@ tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap
 # HELP tap_probe_kernel_tx_dropped_total The device's own tx_dropped since tracking began (per device, on every queue).
 # TYPE tap_probe_kernel_tx_dropped_total counter
 tap_probe_kernel_tx_dropped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_kernel_skew_packets Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).
+# TYPE tap_probe_kernel_skew_packets gauge
+tap_probe_kernel_skew_packets{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
 # HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop reason (other than a full ring).
 # TYPE tap_probe_drop_reason_total counter
 tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",reason="xmit_error"} 3
+# HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's tables are full).
+# TYPE tap_probe_untracked_devices gauge
+tap_probe_untracked_devices 0
 # HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.
 # TYPE tap_probe_elapsed_seconds gauge
 tap_probe_elapsed_seconds 2.5

@@ -188,7 +188,7 @@ mod tests {
     fn the_screen_has_the_devices_the_detail_and_the_keys_at_every_width() {
         let state = state();
         for width in [80, 100, 120] {
-            let lines = screen(&state, width, 30);
+            let lines = screen(&state, width, 36);
             let text = lines.join("\n");
             assert!(lines[0].contains("tap-probe watch"), "{text}");
             assert!(

@@ -1,0 +1,80 @@
+//! Comparing the probes' counters with the kernel's own statistics of a device, which are
+//! read through another interface (rtnetlink) at another instant.
+//!
+//! Two things make the two disagree without anything being wrong:
+//! - the baseline: the kernel's statistics run from the device's creation, the probes' from
+//!   the moment tracking began, so the kernel's are shown as deltas from a baseline, which
+//!   must be read when the probes' counters start, not before (packets in between would be
+//!   the kernel's and not the probes') nor later (the other way round);
+//! - each refresh: packets keep flowing while the two are read one after the other.
+//!
+//! The baseline is read right after tracking began, and it is exact when the probes counted
+//! nothing of the device before it was read (their counters are read after it, and are still
+//! zero); otherwise the counters are zeroed and the baseline read again, a few times. Under
+//! a load that never pauses it may stay inexact: what the probes counted before it is then
+//! the bound of its error. Each refresh reads the probes' counters before and after the
+//! kernel's: what they counted in between bounds that refresh's error. The sum of the two is
+//! shown as `kernel.skew`; it is 0 once traffic stops, and then the kernel's columns and the
+//! probes' must agree exactly.
+
+use anyhow::Result;
+use tap_probe_common::{DeviceKey, METRICS, QueueCounters, Source, Unit};
+
+use crate::host::Host;
+
+/// Attempts at an exact baseline before settling for a bounded one.
+const BASELINE_ATTEMPTS: usize = 32;
+
+/// The kernel's statistics of a device when its counting began.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Baseline {
+    pub(crate) tx_packets: u64,
+    pub(crate) tx_dropped: u64,
+    /// Packets the probes counted before the baseline was read: 0 for an exact one.
+    pub(crate) skew: u64,
+}
+
+/// Reads the baseline of a device whose tracking just began (see the module documentation),
+/// with the probes' counters read right after it.
+///
+/// # Errors
+/// When the kernel's statistics or the probes' counters cannot be read.
+pub(crate) fn take(host: &mut impl Host, key: DeviceKey) -> Result<(Baseline, Vec<QueueCounters>)> {
+    let mut attempt = 0;
+    loop {
+        let stats = host.kernel_stats(key)?;
+        let after = host.queue_counters(key)?;
+        let counted = packets(&after);
+        attempt += 1;
+        if counted == 0 || attempt == BASELINE_ATTEMPTS {
+            let baseline = Baseline {
+                tx_packets: stats.tx_packets,
+                tx_dropped: stats.tx_dropped,
+                skew: counted,
+            };
+            return Ok((baseline, after));
+        }
+        // Count again from zero: what is zeroed now predates the next read of the kernel's.
+        host.reset(key)?;
+    }
+}
+
+/// Every packet event the probes counted on a device's queues: each is a packet the kernel's
+/// statistics may have seen at another moment.
+#[must_use]
+pub(crate) fn packets(queues: &[QueueCounters]) -> u64 {
+    let per_packet = METRICS.iter().filter_map(|m| match (m.source, m.unit) {
+        (Source::Programs(get), Unit::Packets) => Some(get),
+        _ => None,
+    });
+    per_packet
+        .map(|get| queues.iter().map(get).sum::<u64>())
+        .sum()
+}
+
+/// What the probes counted between `before` and `after`: packets that passed while the
+/// kernel's statistics were read between the two.
+#[must_use]
+pub(crate) fn counted_between(before: &[QueueCounters], after: &[QueueCounters]) -> u64 {
+    packets(after).saturating_sub(packets(before))
+}

@@ -1,0 +1,228 @@
+//! A long-running `watch --prometheus` while thousands of devices come and go: more than the
+//! probe's tables hold. It must keep serving, say which devices it does not count, and count
+//! a device that lives through it all exactly.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tap_probe::lab::{Drive, ReaderConfig, RootQdisc, Rtnl, SenderConfig, Tap, TapOptions, run_in};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+/// Rounds of churn: each fills a namespace with taps and veths and deletes it.
+const ROUNDS: usize = 3;
+/// Per round: taps (one queue each) and veth pairs (two devices, one queue per possible CPU
+/// each): together well beyond the 1024 devices the probe tracks at once.
+const TAPS: usize = 700;
+const VETH_PAIRS: usize = 400;
+/// Frames through the device that lives through the churn.
+const FRAMES: u32 = 2_000;
+
+/// Kills the watcher if the test fails before it is reaped.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One scrape of `/metrics`: the status line and the body.
+fn scrape(addr: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+/// The value of the sample of `family` for `device` (any device when `None`).
+fn sample(body: &str, family: &str, device: Option<&str>) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']))
+        .find(|l| device.is_none_or(|d| l.contains(&format!("device=\"{d}\""))))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().unwrap())
+}
+
+/// Lets this process hold a tap file per device.
+fn raise_open_files() {
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
+/// Starts `watch --prometheus` on the namespaces matching `netns_glob`, and waits for the
+/// address it serves on. The thread returns everything it printed on stderr.
+fn start_watch(netns_glob: &str) -> (ChildGuard, String, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(BIN)
+        .args(["watch", "--netns", netns_glob, "--interval", "0.2"])
+        .args(["--prometheus", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let guard = ChildGuard(Some(child));
+    let (tx, rx) = mpsc::channel();
+    let log = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_mins(1))
+            .expect("watch announces its metrics address");
+        if let Some((_, rest)) = line.split_once("serving metrics on http://") {
+            break rest.trim_end_matches("/metrics").to_owned();
+        }
+    };
+    (guard, addr, log)
+}
+
+/// Fills a fresh namespace with taps and veths, scrapes through a few refreshes, deletes it;
+/// [`ROUNDS`] times. Returns the most devices a scrape said were not counted.
+fn churn(scrape_ok: &dyn Fn() -> String) -> f64 {
+    let mut most_untracked = 0.0f64;
+    for round in 0..ROUNDS {
+        let churn = common::quiet_netns("chc").unwrap();
+        let taps: Vec<Tap> = run_in(churn.path(), || {
+            let mut rtnl = Rtnl::open()?;
+            for i in 0..VETH_PAIRS {
+                rtnl.add_veth(&format!("tpcv{i}a"), &format!("tpcv{i}b"), None)?;
+            }
+            (0..TAPS)
+                .map(|i| Tap::create(&format!("tpct{i}"), TapOptions::default()))
+                .collect()
+        })
+        .unwrap();
+        // A few refreshes with the namespace full of devices, scraped all along.
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            let body = scrape_ok();
+            if let Some(n) = sample(&body, "tap_probe_untracked_devices", None) {
+                most_untracked = most_untracked.max(n);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!("round {round}: at most {most_untracked} devices untracked");
+        drop(taps);
+        drop(churn);
+    }
+    most_untracked
+}
+
+#[test]
+fn watch_survives_churn_beyond_its_tables_and_stays_exact() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    raise_open_files();
+    let keep = common::quiet_netns("chk").unwrap();
+    let survivor = common::tap_in(&keep, "tpck0", RootQdisc::Noqueue).unwrap();
+    let (mut guard, addr, log) = start_watch(&format!("tp-ch*-{}-*", std::process::id()));
+    let scrape_ok = || {
+        let (status, body) = scrape(&addr);
+        assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+        body
+    };
+    // The survivor is tracked before the churn begins.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sample(&scrape_ok(), "tap_probe_consumed_total", Some("tpck0")).is_none() {
+        assert!(Instant::now() < deadline, "the survivor was never tracked");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let most_untracked = churn(&scrape_ok);
+    assert!(
+        most_untracked > 0.0,
+        "the churn never filled the probe's tables: this run proves nothing"
+    );
+
+    let driven = Drive {
+        netns: keep.path(),
+        tap: &survivor,
+        sender: SenderConfig {
+            batch: 1,
+            pps: Some(5_000),
+            ..SenderConfig::new(0, FRAMES.into(), Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(30),
+            max_packets: Some(FRAMES.into()),
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap();
+    assert_eq!(driven.sent.sent, u64::from(FRAMES), "{:?}", driven.sent);
+    assert_eq!(driven.read[0].packets, u64::from(FRAMES));
+    // Exact once a refresh after the traffic has been served.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let body = scrape_ok();
+        let consumed = sample(&body, "tap_probe_consumed_total", Some("tpck0"));
+        let kernel = sample(&body, "tap_probe_kernel_tx_packets_total", Some("tpck0"));
+        if consumed == Some(f64::from(FRAMES)) && kernel == Some(f64::from(FRAMES)) {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the survivor's counts never settled at {FRAMES}: consumed {consumed:?}, kernel \
+             {kernel:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for family in ["tap_probe_xmit_calls_total", "tap_probe_enqueued_total"] {
+        assert_eq!(
+            sample(&body, family, Some("tpck0")),
+            Some(f64::from(FRAMES)),
+            "{family}"
+        );
+    }
+    assert_eq!(
+        sample(&body, "tap_probe_kernel_skew_packets", Some("tpck0")),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&body, "tap_probe_untracked_devices", None),
+        Some(0.0)
+    );
+
+    let child = guard.0.take().unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let log = log.join().unwrap();
+    assert!(
+        out.status.success(),
+        "watch exits cleanly on SIGTERM:\n{log}"
+    );
+    assert!(
+        log.contains("not tracking"),
+        "watch says which devices it does not count:\n{log}"
+    );
+    drop(survivor);
+    drop(keep);
+}

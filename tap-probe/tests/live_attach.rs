@@ -1,0 +1,104 @@
+//! Attaching to a device that is busy: the kernel's columns are read while packets flow, yet
+//! once the traffic stops they agree with the probes' exactly, under every backend.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tap_probe::lab::{Drive, Filter, ReaderConfig, RootQdisc, SenderConfig};
+
+/// The load: paced, with a reader slower than the sender so that the ring fills and drops
+/// too, for this long; the watchers attach in its middle.
+const LOAD: Duration = Duration::from_secs(4);
+
+#[test]
+fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("live").unwrap();
+    let tap = common::tap_in(&ns, "tpl0", RootQdisc::Noqueue).unwrap();
+    let filter = Filter {
+        globs: vec!["tpl0".to_owned()],
+        netns: Some(ns.name().to_owned()),
+    };
+    let attached = AtomicBool::new(false);
+    let mut watchers = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            Drive {
+                netns: ns.path(),
+                tap: &tap,
+                sender: SenderConfig {
+                    batch: 1,
+                    pps: Some(6_000),
+                    ..SenderConfig::new(0, u64::MAX, LOAD)
+                },
+                reader: ReaderConfig {
+                    pps: Some(4_000),
+                    deadline: LOAD,
+                    max_packets: None,
+                },
+                queues: 1,
+                linger: Duration::ZERO,
+            }
+            .run()
+            .unwrap()
+        });
+        std::thread::sleep(LOAD / 4);
+        let mut watchers = common::watchers(&filter);
+        for (backend, w) in &mut watchers {
+            let rows = w.refresh().unwrap().rows;
+            assert_eq!(rows.len(), 1, "{backend:?}");
+        }
+        attached.store(true, Ordering::Relaxed);
+        // Refreshes while the load runs: the difference stays within the skew shown.
+        for _ in 0..4 {
+            std::thread::sleep(LOAD / 8);
+            for (backend, w) in &mut watchers {
+                let row = w.refresh().unwrap().rows.remove(0);
+                let off = row.counters.consumed.abs_diff(row.kernel.tx_packets)
+                    + row
+                        .counters
+                        .dropped_full_ring
+                        .abs_diff(row.kernel.tx_dropped);
+                assert!(off <= row.kernel.skew, "{backend:?}: {row:#?}");
+            }
+        }
+        let driven = load.join().unwrap();
+        eprintln!("sent {:?}, drained {:?}", driven.sent, driven.drained);
+        assert!(
+            driven.sent.enobufs > 0,
+            "the ring never filled: {:?}",
+            driven.sent
+        );
+        watchers
+    });
+    assert!(attached.load(Ordering::Relaxed));
+    let mut rows = Vec::new();
+    for (backend, w) in &mut watchers {
+        let row = w.refresh().unwrap().rows.remove(0);
+        eprintln!("{backend:?}: {row:#?}");
+        assert!(
+            row.counters.consumed > 1000,
+            "{backend:?}: counted under load"
+        );
+        assert_eq!(row.kernel.skew, 0, "{backend:?}: no traffic, no skew");
+        assert_eq!(
+            row.counters.consumed, row.kernel.tx_packets,
+            "{backend:?}: consumed vs kernel tx_packets"
+        );
+        assert_eq!(
+            row.counters.dropped_full_ring, row.kernel.tx_dropped,
+            "{backend:?}: ring-full drops vs kernel tx_dropped"
+        );
+        rows.push((*backend, row));
+    }
+    drop(watchers);
+    drop(tap);
+    drop(ns);
+}

@@ -1,0 +1,451 @@
+//! `tap-probe record` when things go wrong: a load it cannot keep up with, a stop signal
+//! during it, a kill, a full disk. The file must end at a whole record, say what it lacks,
+//! and the recorder must stop when told.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tap_probe::lab::RootQdisc;
+use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+
+/// Kills the recorder if the test fails before it is reaped.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts `tap-probe record` on `dev` in `netns`, writing `trace`, with `extra` arguments,
+/// and waits until it has attached ("recording ..." on stderr). The thread returns all it
+/// printed on stderr.
+fn start_recorder(
+    trace: &Path,
+    netns: &str,
+    dev: &str,
+    extra: &[&str],
+) -> (ChildGuard, std::thread::JoinHandle<String>) {
+    let mut child = Command::new(BIN)
+        .args(["record", "-o"])
+        .arg(trace)
+        .args(["--dev", dev, "--netns", netns])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let pump = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if line.starts_with("recording ") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let guard = ChildGuard(Some(child));
+    if rx.recv_timeout(Duration::from_mins(1)).is_err() {
+        drop(guard);
+        panic!("the recorder did not start: {}", pump.join().unwrap());
+    }
+    (guard, pump)
+}
+
+/// Moves every thread of `pid` to CPU 0 at the lowest priority, where the test's sender runs
+/// at normal priority: it then gets far less CPU than draining the events takes.
+fn starve(pid: u32) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).unwrap();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid: i32 = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set).unwrap();
+        // SAFETY: plain setpriority(2) on a thread id.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid.cast_unsigned(), 19) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    }
+}
+
+/// Pins the calling thread (and the threads it starts) to CPU 0.
+fn pin_to_cpu0() {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+/// Waits for the recorder, at most `limit`; `None` if it is still running then.
+fn wait_for(guard: &mut ChildGuard, limit: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + limit;
+    let child = guard.0.as_mut().unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            guard.0 = None;
+            return Some(status);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts a recorder on a fresh tap with `extra` arguments, starves it once it has attached,
+/// and floods the tap (a fast reader takes what the ring holds) for `seconds`, while
+/// `during` runs on another thread with the recorder and returns what it measured.
+fn recorder_under_flood<T: Send>(
+    tag: &str,
+    trace: &Path,
+    extra: &[&str],
+    seconds: u64,
+    during: impl FnOnce(&mut ChildGuard) -> T + Send,
+) -> (T, String) {
+    let ns = common::quiet_netns(tag).unwrap();
+    let dev = format!("tpf{}", std::process::id() % 10_000);
+    let tap = common::tap_in(&ns, &dev, RootQdisc::Noqueue).unwrap();
+    let (mut guard, pump) = start_recorder(trace, ns.name(), &dev, extra);
+    starve(guard.0.as_ref().unwrap().id());
+    let measured = std::thread::scope(|s| {
+        let measure = s.spawn(|| {
+            // Let the flood fill the event ring first.
+            std::thread::sleep(Duration::from_millis(300));
+            during(&mut guard)
+        });
+        pin_to_cpu0();
+        Drive {
+            netns: ns.path(),
+            tap: &tap,
+            sender: SenderConfig::new(0, u64::MAX, Duration::from_secs(seconds)),
+            reader: ReaderConfig {
+                pps: None,
+                deadline: Duration::from_secs(seconds + 5),
+                max_packets: None,
+            },
+            queues: 1,
+            linger: Duration::ZERO,
+        }
+        .run()
+        .unwrap();
+        measure.join().unwrap()
+    });
+    drop(guard);
+    (measured, pump.join().unwrap())
+}
+
+/// How long the recorder may take past its deadline or signal to finish the file.
+const GRACE: Duration = Duration::from_secs(8);
+/// How long the flood lasts: well beyond the recorder's deadline plus the grace.
+const FLOOD_SECS: u64 = 25;
+
+#[test]
+fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("flood.trace");
+    let started = Instant::now();
+    let ((status, took), log) =
+        recorder_under_flood("rdur", &trace, &["--duration", "3"], FLOOD_SECS, |guard| {
+            let status = wait_for(guard, Duration::from_secs(3) + GRACE);
+            (status, started.elapsed())
+        });
+    eprintln!("{log}");
+    let status = status.unwrap_or_else(|| {
+        panic!("record --duration 3 was still running after {took:?} under load:\n{log}")
+    });
+    assert!(status.success(), "{status}\n{log}");
+    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    assert!(rec.trailer.events > 0, "{log}");
+}
+
+#[test]
+fn record_honours_sigterm_under_a_load_it_cannot_keep_up_with() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("flood.trace");
+    let ((status, took), log) = recorder_under_flood("rterm", &trace, &[], FLOOD_SECS, |guard| {
+        std::thread::sleep(Duration::from_secs(2));
+        let pid =
+            nix::unistd::Pid::from_raw(i32::try_from(guard.0.as_ref().unwrap().id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let signalled = Instant::now();
+        let status = wait_for(guard, GRACE);
+        (status, signalled.elapsed())
+    });
+    eprintln!("{log}");
+    let status =
+        status.unwrap_or_else(|| panic!("record ignored SIGTERM for {took:?} under load:\n{log}"));
+    assert!(status.success(), "{status}\n{log}");
+    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    assert!(rec.trailer.events > 0, "{log}");
+}
+
+/// Paced traffic through a fresh tap with a reader, while `during` runs on another thread.
+fn with_traffic<T: Send>(tag: &str, during: impl FnOnce(&str, &str) -> T + Send) -> T {
+    let ns = common::quiet_netns(tag).unwrap();
+    let dev = format!("tpk{}", std::process::id() % 10_000);
+    let tap = common::tap_in(&ns, &dev, RootQdisc::Noqueue).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let traffic = s.spawn(|| {
+            // Bounded: at most 60 s, or until the test is done.
+            let deadline = Instant::now() + Duration::from_mins(1);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                Drive {
+                    netns: ns.path(),
+                    tap: &tap,
+                    sender: SenderConfig {
+                        pps: Some(20_000),
+                        ..SenderConfig::new(0, 10_000, Duration::from_secs(2))
+                    },
+                    reader: ReaderConfig {
+                        pps: None,
+                        deadline: Duration::from_secs(3),
+                        max_packets: None,
+                    },
+                    queues: 1,
+                    linger: Duration::ZERO,
+                }
+                .run()
+                .unwrap();
+                tap.set_nonblocking(false).unwrap();
+            }
+        });
+        let out = during(ns.name(), &dev);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        traffic.join().unwrap();
+        out
+    })
+}
+
+/// A recorder killed outright leaves a file without a trailer: refused as it is, read up to
+/// its last whole record with `--salvage`, which says what is missing.
+#[test]
+fn a_killed_recording_is_salvaged() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("killed.trace");
+    let log = with_traffic("rkill", |netns, dev| {
+        let (mut guard, pump) = start_recorder(&trace, netns, dev, &[]);
+        std::thread::sleep(Duration::from_secs(2));
+        let child = guard.0.as_mut().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        guard.0 = None;
+        pump.join().unwrap()
+    });
+    let size = std::fs::metadata(&trace).unwrap().len();
+    assert!(
+        size > 64 << 10,
+        "the recorder wrote something: {size} bytes\n{log}"
+    );
+    let strict = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap());
+    assert!(strict.is_err(), "a killed recording has no trailer");
+    let rec = tap_probe::model::salvage_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let cut = rec.cut.expect("the salvage says where the file was cut");
+    assert!(cut.events > 0, "{log}");
+    assert!(
+        cut.offset <= size && size - cut.offset < 64,
+        "{cut:?} of {size} bytes"
+    );
+    let events: u64 = rec.streams.iter().map(|s| s.ops.times.len() as u64).sum();
+    assert!(events > 0);
+    let out = Command::new(BIN)
+        .args(["replay", "--salvage"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("was cut short"), "{stderr}");
+}
+
+/// A process holding a private mount namespace in which `dir` is a tmpfs of `bytes`: the
+/// host never sees the mount, and it goes away with the process.
+struct SmallDisk(Child);
+
+impl SmallDisk {
+    fn mount(dir: &Path, bytes: usize) -> Self {
+        use std::os::unix::process::CommandExt as _;
+        let dir = dir.to_owned();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("120").stdin(Stdio::null());
+        // SAFETY: between fork and exec only unshare(2) and mount(2).
+        unsafe {
+            cmd.pre_exec(move || {
+                use nix::mount::{MsFlags, mount};
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+                mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                    None::<&str>,
+                )?;
+                mount(
+                    Some("tmpfs"),
+                    &dir,
+                    Some("tmpfs"),
+                    MsFlags::empty(),
+                    Some(format!("size={bytes}").as_str()),
+                )?;
+                Ok(())
+            });
+        }
+        Self(cmd.spawn().unwrap())
+    }
+
+    /// `path` as the holder sees it.
+    fn path(&self, path: &Path) -> std::path::PathBuf {
+        Path::new(&format!("/proc/{}/root", self.0.id())).join(path.strip_prefix("/").unwrap())
+    }
+
+    /// Runs `cmd` in the holder's mount namespace.
+    fn enter(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt as _;
+        let ns = std::fs::File::open(format!("/proc/{}/ns/mnt", self.0.id())).unwrap();
+        // SAFETY: between fork and exec only setns(2).
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS)?;
+                Ok(())
+            });
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A disk that fills up: the recorder names the file, stops, and ends the file at a whole
+/// record with the loss stated; nothing stays attached.
+#[test]
+fn a_full_disk_ends_the_recording_cleanly() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("full.trace");
+    // The mount namespace is made after the test's network namespace, so that it sees it.
+    let (disk, out) = with_traffic("rfull", |netns, dev| {
+        let disk = SmallDisk::mount(dir.path(), 256 << 10);
+        // Wait (bounded) until the tmpfs is there.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{}/mounts", disk.0.id()))
+            .map_or(true, |m| !m.contains(dir.path().to_str().unwrap()))
+        {
+            assert!(Instant::now() < deadline, "the tmpfs never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut cmd = Command::new(BIN);
+        cmd.args(["record", "-o"])
+            .arg(&trace)
+            .args(["--dev", dev, "--netns", netns, "--duration", "30"])
+            .stdin(Stdio::null());
+        disk.enter(&mut cmd);
+        let out = cmd.output().unwrap();
+        (disk, out)
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let name = trace.display().to_string();
+    assert!(
+        stderr.contains(&format!("writing {name} failed")),
+        "names the file: {stderr}"
+    );
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    let file = disk.path(&trace);
+    let size = std::fs::metadata(&file).unwrap().len();
+    assert!(size > 128 << 10, "the disk filled up: {size} bytes");
+    if stderr.contains("with its trailer") {
+        let rec = tap_probe::model::load_recording(std::fs::File::open(&file).unwrap())
+            .expect("a file ended cleanly reads whole");
+        assert!(rec.lost > 0, "what did not fit is counted as lost");
+        let events: u64 = rec.streams.iter().map(|s| s.ops.times.len() as u64).sum();
+        assert!(events > 0);
+    } else {
+        assert!(stderr.contains("--salvage"), "{stderr}");
+        let rec = tap_probe::model::salvage_recording(std::fs::File::open(&file).unwrap()).unwrap();
+        let cut = rec.cut.expect("no trailer");
+        assert_eq!(cut.offset, size, "the file ends at a whole record");
+    }
+    drop(disk);
+}
+
+/// Multi-queue taps for the test below: 70 of 256 queues each are more than the probe's 16384
+/// counter slots.
+const TAPS: usize = 70;
+
+/// Multi-queue taps have 256 transmit queues each whatever number is attached: recorded as
+/// `watch` counts them (the first 64), 70 of them fit the probe's tables.
+#[test]
+fn multi_queue_taps_are_recorded_within_the_tables() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("rmq").unwrap();
+    let taps: Vec<tap_probe::lab::Tap> = tap_probe::lab::run_in(ns.path(), || {
+        (0..TAPS)
+            .map(|i| {
+                tap_probe::lab::Tap::create(
+                    &format!("tpq{i}"),
+                    tap_probe::lab::TapOptions {
+                        multi_queue: true,
+                        queues: 1,
+                        ..tap_probe::lab::TapOptions::default()
+                    },
+                )
+            })
+            .collect()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("mq.trace");
+    let out = Command::new(BIN)
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--netns", ns.name(), "--duration", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("not recording"), "{stderr}");
+    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    assert_eq!(rec.header.devices.len(), TAPS);
+    assert!(
+        rec.header.devices.iter().all(|d| d.queues == 64),
+        "{:?}",
+        rec.header.devices
+    );
+    drop(taps);
+}
