@@ -234,6 +234,16 @@ queue_metrics! {
         prometheus: "dropped_other_total",
         help: "Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
     }
+    /// Packets the driver took out of their flow's order: a TCP segment carrying data (or
+    /// SYN/FIN) whose IPv4 ID is below the next one its flow would hand over in order, or one
+    /// of the project's sequence-numbered UDP frames below its flow's next sequence number
+    /// (RFC 4737's "reordered"). A retransmission takes a fresh ID, so it is not counted.
+    counter reordered {
+        unit: Packets,
+        column: "REORDERED",
+        prometheus: "reordered_total",
+        help: "Packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).",
+    }
     /// Packets the reader copied out of the ring and released (`consume_skb` from the
     /// tun/tap read path).
     counter consumed {

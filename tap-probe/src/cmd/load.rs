@@ -46,6 +46,11 @@ pub(crate) struct Args {
     /// evenly among them.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub(crate) sender_threads: u32,
+    /// Flows each sender spreads its frames over, round-robin; each frame carries its flow
+    /// id and its sequence number in that flow, so the probe and the reader can count the
+    /// frames that came out of order.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) flows: u32,
     /// Frames per sendmmsg call.
     #[arg(long, default_value_t = 64)]
     pub(crate) batch: usize,
@@ -79,6 +84,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         batch: args.batch,
         start_delay: args.start_delay,
         sender_threads: args.sender_threads,
+        flows: args.flows,
     };
     check_capabilities()?;
     let stop = Stop::install()?;

@@ -19,7 +19,7 @@ pub use crate::host::watcher::Watcher;
 pub use crate::kernel::{KernelInfo, TunBackpressure};
 pub use crate::lab::slow_consumer::SlowConsumer;
 pub use crate::lab::traffic::{
-    Drive, Driven, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
+    Drive, Driven, FrameOrder, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
 };
 pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};
