@@ -72,7 +72,10 @@ fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 13] {
         ("sent", count(sent)),
         ("enobufs", count(enobufs)),
         ("read_by_reader", count(read_by_reader)),
-        ("reordered_by_reader", reordered_by_reader.map(Number::Count)),
+        (
+            "reordered_by_reader",
+            reordered_by_reader.map(Number::Count),
+        ),
         ("drained", count(drained)),
         ("kernel_tx_packets", count(kernel_tx_packets)),
         ("kernel_tx_dropped", count(kernel_tx_dropped)),

@@ -325,7 +325,8 @@ impl FrameOrder {
         let Some(head) = frame.get(PAYLOAD..PAYLOAD + 16) else {
             return;
         };
-        let word = |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+        let word =
+            |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
         if word(8) != FRAME_MAGIC {
             return;
         }

@@ -7,10 +7,10 @@ use std::path::Path;
 use anyhow::{Context as _, Result, anyhow};
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, Nla};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoTun, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::Rtnl;
 use super::socket::NetlinkError;
@@ -208,7 +208,12 @@ impl Rtnl {
     ///
     /// # Errors
     /// When the namespace file cannot be opened, a name is taken or the kernel refuses.
-    pub fn add_veth_across(&mut self, name: &str, peer_name: &str, peer_netns: &Path) -> Result<()> {
+    pub fn add_veth_across(
+        &mut self,
+        name: &str,
+        peer_name: &str,
+        peer_netns: &Path,
+    ) -> Result<()> {
         let ns = std::fs::File::open(peer_netns)
             .with_context(|| format!("opening network namespace {}", peer_netns.display()))?;
         let mut peer = LinkMessage::default();
