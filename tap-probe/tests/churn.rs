@@ -116,12 +116,17 @@ fn churn(scrape_ok: &dyn Fn() -> String) -> f64 {
                 .collect()
         })
         .unwrap();
-        // A few refreshes with the namespace full of devices, scraped all along.
+        // A few refreshes with the namespace full of devices, scraped all along: at least
+        // 3 s, and until a refresh has seen it full (one refresh scans every device, which
+        // takes a while in a slow guest), within a bound.
         let until = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < until {
+        let give_up = Instant::now() + Duration::from_mins(1) * common::slowdown();
+        let mut seen_full = false;
+        while Instant::now() < give_up && (Instant::now() < until || !seen_full) {
             let body = scrape_ok();
             if let Some(n) = sample(&body, "tap_probe_untracked_devices", None) {
                 most_untracked = most_untracked.max(n);
+                seen_full |= n > 0.0;
             }
             std::thread::sleep(Duration::from_millis(200));
         }
