@@ -232,7 +232,7 @@ pub(crate) fn slowdown() -> u32 {
         .split_whitespace()
         .any(|arg| arg == "tap_probe.accel=tcg")
     {
-        4
+        10
     } else {
         1
     }
