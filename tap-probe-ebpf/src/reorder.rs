@@ -15,6 +15,10 @@
 //!   the byte stream); bare ACKs move the flow's next ID all the same.
 //! - The project's UDP frames: their sequence number per flow id ([`FRAME_MAGIC`]).
 //!
+//! `FLOWS` is an LRU hash: when it is full the least recently seen flow is forgotten to make
+//! room. A flow whose state is found missing mid-way (not at its SYN or frame 0) is counted
+//! in `flows_joined`: forgotten, or begun before its device was tracked.
+//!
 //! Other packets (IPv6, other UDP, non-IP) are left alone. The flow state is shared between
 //! CPUs without atomics: one queue's driver calls are serialised by its transmit lock, so
 //! only a flow moving between two queues of a device while packets of it are in both can
@@ -46,6 +50,8 @@ struct Place {
     count: u32,
     /// One of `NONE`, `TCP_COUNTED`, `TCP_ACK`, `FRAME`.
     kind: u32,
+    /// 1 when the packet begins its flow: a SYN, or a frame numbered 0.
+    first: u32,
 }
 
 const NONE: u32 = 0;
@@ -156,6 +162,7 @@ fn place(skb: u64, device: DeviceKey) -> Option<Place> {
                 number: u64::from(u16::from_be(ip.id)),
                 count: u32::from(segs).max(1),
                 kind: if data { TCP_COUNTED } else { TCP_ACK },
+                first: u32::from(tcp.flags & TCP_SYN != 0),
             })
         }
         IPPROTO_UDP => {
@@ -166,11 +173,13 @@ fn place(skb: u64, device: DeviceKey) -> Option<Place> {
             key.sport = frame.ports.sport;
             key.dport = frame.ports.dport;
             key.flow = u32::from_be(frame.flow);
+            let number = u64::from_be(frame.seq);
             Some(Place {
                 key,
-                number: u64::from_be(frame.seq),
+                number,
                 count: 1,
                 kind: FRAME,
+                first: u32::from(number == 0),
             })
         }
         _ => None,
@@ -191,6 +200,7 @@ pub(crate) fn taken(c: &mut QueueCounters) {
         number,
         count,
         kind,
+        first,
     } = *p;
     p.kind = NONE;
     if kind == NONE {
@@ -198,7 +208,12 @@ pub(crate) fn taken(c: &mut QueueCounters) {
     }
     let next = number + u64::from(count);
     let Some(state) = FLOWS.get_ptr_mut(key) else {
-        // A flow's first packet (or the first since it was evicted) is in order.
+        // A flow's first packet is in order. One seen first mid-way was forgotten to make
+        // room for others, or began before the device was tracked: what came late across
+        // that gap is not seen.
+        if first == 0 {
+            c.flows_joined += 1;
+        }
         let _ = FLOWS.insert(key, FlowState { next }, 0);
         return;
     };

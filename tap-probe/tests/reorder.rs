@@ -11,6 +11,7 @@
 mod common;
 
 use std::process::Command;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tap_probe::lab::{
@@ -102,6 +103,63 @@ fn netem_reordering_is_counted_as_the_reader_sees_it() {
     }
 }
 
+/// The flow table holds `MAX_FLOWS` flows: cycled through more flows than that, the least
+/// recently seen are forgotten and taken up again at their next frame (`flows_joined`),
+/// never at a flow's first frame; within the table, none is.
+#[test]
+fn flows_beyond_the_table_are_taken_up_again() {
+    if !lab::root() {
+        return;
+    }
+    let table = u64::from(tap_probe_common::MAX_FLOWS);
+    for (flows, rounds) in [(100, 3), (table + table / 4, 3)] {
+        let ns = common::quiet_netns("ro-flows").unwrap();
+        let tap = common::tap_in(&ns, "tpro1", RootQdisc::Pfifo { limit: None }).unwrap();
+        let filter = Filter {
+            globs: vec!["tpro1".to_owned()],
+            netns: Some(ns.name().to_owned()),
+        };
+        let mut watchers = common::watchers(&filter);
+        for (_, w) in &mut watchers {
+            assert!(!w.refresh().unwrap().rows.is_empty());
+        }
+        let frames = flows * rounds;
+        let driven = Drive {
+            netns: ns.path(),
+            tap: &tap,
+            sender: SenderConfig {
+                pps: Some(100_000),
+                flows: u32::try_from(flows).unwrap(),
+                ..SenderConfig::new(tap.ifindex(), frames, Duration::from_secs(20))
+            },
+            reader: ReaderConfig {
+                pps: None,
+                deadline: Duration::from_secs(30),
+                max_packets: None,
+            },
+            queues: 1,
+            linger: Duration::from_millis(200),
+        }
+        .run()
+        .unwrap();
+        eprintln!("{flows} flows: {driven:?}");
+        for (backend, w) in &mut watchers {
+            let c = total(&w.refresh().unwrap().rows);
+            eprintln!("{backend:?}: {c:?}");
+            assert_eq!(c.enqueued, frames, "{backend:?}: every frame taken");
+            if flows < table {
+                assert_eq!(c.flows_joined, 0, "{backend:?}: every flow fits");
+            } else {
+                assert!(c.flows_joined > 0, "{backend:?}: nothing was forgotten");
+                assert!(
+                    c.flows_joined <= frames - flows,
+                    "{backend:?}: a flow's first frame never joins"
+                );
+            }
+        }
+    }
+}
+
 /// The seed's scenario: TCP streams through a veth with a pfifo root qdisc, TSO off, a slow
 /// peer. Where veth answers busy and the qdisc puts a segment list back behind the ones
 /// parked in `gso_skb`, segments reach the driver out of order. The receiver's
@@ -124,6 +182,7 @@ fn requeue_reordering_shows_at_the_receiver() {
         return;
     };
     let secs = run.elapsed.as_secs_f64();
+    #[expect(clippy::cast_precision_loss, reason = "a rate")]
     let per_sec = |n: u64| n as f64 / secs;
     println!(
         "reorder figures: kernel {} | {STREAMS} streams, {secs:.1} s, {:.0} Mbit/s | reordered/s {:.0} | busy/s {:.0} | requeues/s {:.0} | receiver OFO/s {:.0} | retrans/s {:.0} | totals: reordered {} busy {} requeues {} ofo {} retrans {}",
@@ -236,7 +295,12 @@ fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
     let q0: Option<QdiscStats> = qdisc().ok();
     let (s0, r0) = link.tcp_counters().unwrap();
     let streams = link
-        .tcp_streams(STREAMS, Duration::from_secs(SECS), u64::MAX)
+        .tcp_streams(
+            STREAMS,
+            Duration::from_secs(SECS),
+            u64::MAX,
+            &AtomicBool::new(false),
+        )
         .unwrap();
     assert_eq!(streams.received, streams.sent, "every byte arrived");
     let (s1, r1) = link.tcp_counters().unwrap();

@@ -39,7 +39,7 @@ pub(crate) fn known_names() -> Vec<&'static str> {
 
 /// The load report's numbers, by the names of its JSON; `None` where it measured nothing
 /// (no qdisc counters under noqueue). Every field is named, so a new one cannot be missed.
-fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 13] {
+fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 14] {
     let LoadReport {
         device: _,
         reader: _,

@@ -653,7 +653,7 @@ fn send_with_threads(session: &LoadSession, cfg: &LoadConfig) -> Result<SendRepo
     })
 }
 
-fn sleep_unless(duration: Duration, stop: &AtomicBool) {
+pub(crate) fn sleep_unless(duration: Duration, stop: &AtomicBool) {
     let end = crate::lab::pacer::deadline_after(Instant::now(), duration);
     while !stop.load(Ordering::Relaxed) {
         let left = end.saturating_duration_since(Instant::now());

@@ -11,6 +11,7 @@ pub(crate) mod pacer;
 pub(crate) mod slow_consumer;
 pub(crate) mod streams;
 pub(crate) mod traffic;
+pub(crate) mod veth_load;
 pub(crate) mod vhost;
 
 pub use crate::bpf::backend::{Backend, Sources};

@@ -7,6 +7,7 @@ use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -93,8 +94,8 @@ impl VethLink {
     }
 
     /// `streams` TCP connections from the sender to the receiver, each writing as fast as
-    /// it can for `duration` (or `bytes_per_stream`, whichever ends first), each read to
-    /// its end by the receiver.
+    /// it can for `duration` (or `bytes_per_stream`, or until `stop` is set, whichever comes
+    /// first), each read to its end by the receiver.
     ///
     /// # Errors
     /// When a connection cannot be made or breaks.
@@ -103,6 +104,7 @@ impl VethLink {
         streams: u32,
         duration: Duration,
         bytes_per_stream: u64,
+        stop: &AtomicBool,
     ) -> Result<StreamsReport> {
         let listener = run_in(self.receiver.path(), || {
             TcpListener::bind((RECEIVER_ADDR, 0)).context("listening in the receiver's namespace")
@@ -129,7 +131,7 @@ impl VethLink {
                 .collect();
             let writers: Vec<_> = senders
                 .into_iter()
-                .map(|s| scope.spawn(move || send(s, end, bytes_per_stream)))
+                .map(|s| scope.spawn(move || send(s, end, bytes_per_stream, stop)))
                 .collect();
             let join = |handles: Vec<std::thread::ScopedJoinHandle<'_, Result<u64>>>| {
                 handles
@@ -175,11 +177,11 @@ pub struct StreamsReport {
     pub elapsed: Duration,
 }
 
-fn send(mut s: TcpStream, end: Instant, bytes: u64) -> Result<u64> {
+fn send(mut s: TcpStream, end: Instant, bytes: u64, stop: &AtomicBool) -> Result<u64> {
     s.set_write_timeout(Some(IO_SLICE))?;
     let buf = vec![0x5a_u8; CHUNK];
     let mut sent = 0u64;
-    while sent < bytes && Instant::now() < end {
+    while sent < bytes && Instant::now() < end && !stop.load(Ordering::Relaxed) {
         let n = usize::try_from(bytes - sent).unwrap_or(CHUNK).min(CHUNK);
         match s.write(&buf[..n]) {
             Ok(n) => sent += n as u64,
@@ -301,7 +303,7 @@ fn set_tso(name: &str, on: bool) -> Result<()> {
         .iter_mut()
         .zip(name.bytes().take(libc::IFNAMSIZ - 1))
     {
-        *dst = src as libc::c_char;
+        *dst = src.cast_signed();
     }
     ifr.ifr_ifru.ifru_data = (&raw mut value).cast();
     // SAFETY: plain socket(2) call.
