@@ -71,6 +71,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let filter = Filter {
         globs: vec![device.name.clone()],
         netns: Some(device.netns_name.clone()),
+        macvtap: false,
     };
     let mut watcher = Watcher::with_backend(&KernelInfo::load()?, &filter, Backend::Auto)?;
     let out = output::Output::new(args.format);
