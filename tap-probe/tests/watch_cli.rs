@@ -194,6 +194,42 @@ fn demo_json_ends_with_the_rows_and_the_load_report() {
     assert!(n(&qdisc["requeues"]) >= n(&row["busy"]), "{row}\n{load}");
 }
 
+/// `demo --backpressure` opens its tap with `IFF_BACKPRESSURE` where the kernel lists the
+/// flag: the queue stops instead of the ring dropping, and the row says the tap runs the
+/// fix. Where the kernel lacks the flag, the demo refuses before it makes anything.
+#[test]
+fn demo_with_backpressure_stops_the_queue_or_refuses() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let out = Command::new(BIN)
+        .args(["demo", "--backpressure", "--format", "json"])
+        .args(["--duration", "2", "--interval", "0.5", "--qdisc", "pfifo"])
+        .args(["--pps", "10000", "--reader-pps", "3000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !tap_probe::lab::tun_has_backpressure().unwrap() {
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("does not support IFF_BACKPRESSURE"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let row = &last["rows"][0];
+    let load = &last["load"];
+    assert_eq!(load["backpressure"], true, "{load}");
+    assert_eq!(row["backpressure"], true, "the tap runs the fix: {row}");
+    assert_eq!(row["dropped_full_ring"], 0, "{row}\n{load}");
+    assert_eq!(load["drain"]["link"]["tx_dropped"], 0, "{load}");
+    assert!(row["queue_stops"].as_u64().unwrap() > 0, "{row}");
+}
+
 #[test]
 fn unmatched_glob_is_an_error_that_lists_devices() {
     if !tap_probe::lab::root() {

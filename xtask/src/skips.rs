@@ -1,5 +1,5 @@
 //! Tests that skipped themselves, read from libtest's output. A test that cannot run here
-//! (no kprobes, no fq_codel, ...) prints a line starting with `skipping` and returns; run
+//! (no kprobes, no `fq_codel`, ...) prints a line starting with `skipping` and returns; run
 //! with `--show-output`, libtest prints each passed test's output under a
 //! `---- NAME stdout ----` header, so every skip can be named by its test.
 

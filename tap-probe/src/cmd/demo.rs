@@ -57,6 +57,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let stop = Stop::install()?;
     let session_cfg = SessionConfig {
         qdisc: Some(args.qdisc.into()),
+        backpressure: args.backpressure,
         tx_queue_len: None,
         reader_pps: Some(args.reader_pps),
         reader_deadline: Some(args.duration + Duration::from_secs(30)),
