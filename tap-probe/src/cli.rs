@@ -101,10 +101,14 @@ pub(crate) enum Format {
 /// Which devices to watch or record (`--dev`, `--netns`).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct DeviceArgs {
-    /// Devices whose name matches GLOB (repeatable; default: every tun, tap, veth and
-    /// macvtap device).
+    /// Devices whose name matches GLOB (repeatable; default: every tun, tap and veth
+    /// device).
     #[arg(long = "dev", value_name = "GLOB")]
     pub(crate) devs: Vec<String>,
+    /// Also macvtap devices. Only their `consumed` is exact: their ring is filled by the
+    /// rx handler of the lower device, which the transmit-side counters do not see.
+    #[arg(long)]
+    pub(crate) macvtap: bool,
     /// Only devices in network namespaces whose name matches NAME (a glob; "init" is the
     /// host's own, named ones as in `ip netns list`, others `pid:N`).
     #[arg(long, value_name = "NAME")]
@@ -117,6 +121,7 @@ impl DeviceArgs {
         crate::host::discovery::Filter {
             globs: self.devs.clone(),
             netns: self.netns.clone(),
+            macvtap: self.macvtap,
         }
     }
 }

@@ -64,6 +64,7 @@ fn veth_with_slow_peer(queues: u32) {
     let filter = Filter {
         globs: vec!["tpva".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {

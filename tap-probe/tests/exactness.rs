@@ -61,6 +61,7 @@ fn tap_with_slow_reader(setup: Setup) {
     let filter = Filter {
         globs: vec!["tpx0".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (backend, w) in &mut watchers {
@@ -349,6 +350,7 @@ fn reader_sleeps_match_the_readers_context_switches() {
     let filter = Filter {
         globs: vec!["tps0".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {

@@ -30,6 +30,7 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
     let filter = Filter {
         globs: vec!["tpl0".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let attached = AtomicBool::new(false);
     let stop = Arc::new(AtomicBool::new(false));

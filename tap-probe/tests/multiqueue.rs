@@ -27,6 +27,7 @@ fn per_queue_consumed_matches_each_readers_count() {
     let filter = Filter {
         globs: vec!["tpm0".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (backend, w) in &mut watchers {

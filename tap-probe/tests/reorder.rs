@@ -54,6 +54,7 @@ fn netem_reordering_is_counted_as_the_reader_sees_it() {
     let filter = Filter {
         globs: vec!["tpro0".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
@@ -118,6 +119,7 @@ fn flows_beyond_the_table_are_taken_up_again() {
         let filter = Filter {
             globs: vec!["tpro1".to_owned()],
             netns: Some(ns.name().to_owned()),
+            macvtap: false,
         };
         let mut watchers = common::watchers(&filter);
         for (_, w) in &mut watchers {
@@ -288,6 +290,7 @@ fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
     let filter = Filter {
         globs: vec![SENDER_DEV.to_owned()],
         netns: Some(link.sender.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {

@@ -20,6 +20,7 @@ fn watch(ns: &NamedNetns, name: &str) -> Vec<(Backend, Watcher)> {
     let filter = Filter {
         globs: vec![name.to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {

@@ -27,6 +27,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
     let filter = Filter {
         globs: vec!["tpd*".to_owned()],
         netns: Some(ns.name().to_owned()),
+        macvtap: false,
     };
     let kernel = KernelInfo::load().unwrap();
     let mut watcher = Watcher::with_backend(&kernel, &filter, Backend::Auto).unwrap();
@@ -191,6 +192,42 @@ fn demo_json_ends_with_the_rows_and_the_load_report() {
         "every frame the demo sent is accounted for: {load}"
     );
     assert!(n(&qdisc["requeues"]) >= n(&row["busy"]), "{row}\n{load}");
+}
+
+/// `demo --backpressure` opens its tap with `IFF_BACKPRESSURE` where the kernel lists the
+/// flag: the queue stops instead of the ring dropping, and the row says the tap runs the
+/// fix. Where the kernel lacks the flag, the demo refuses before it makes anything.
+#[test]
+fn demo_with_backpressure_stops_the_queue_or_refuses() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let out = Command::new(BIN)
+        .args(["demo", "--backpressure", "--format", "json"])
+        .args(["--duration", "2", "--interval", "0.5", "--qdisc", "pfifo"])
+        .args(["--pps", "10000", "--reader-pps", "3000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !tap_probe::lab::tun_has_backpressure().unwrap() {
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("does not support IFF_BACKPRESSURE"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let row = &last["rows"][0];
+    let load = &last["load"];
+    assert_eq!(load["backpressure"], true, "{load}");
+    assert_eq!(row["backpressure"], true, "the tap runs the fix: {row}");
+    assert_eq!(row["dropped_full_ring"], 0, "{row}\n{load}");
+    assert_eq!(load["drain"]["link"]["tx_dropped"], 0, "{load}");
+    assert!(row["queue_stops"].as_u64().unwrap() > 0, "{row}");
 }
 
 #[test]
@@ -564,4 +601,187 @@ fn prometheus_endpoint_serves_the_counters() {
     assert!(out.status.success(), "watch exits cleanly on SIGTERM");
     drop(tap);
     drop(ns);
+}
+
+/// The final JSON object of one `watch --format json` run over `ns`, and its stderr.
+fn watch_json(ns: &str, extra: &[&str]) -> (serde_json::Value, String) {
+    let out = Command::new(BIN)
+        .args(["watch", "--netns", ns, "--format", "json"])
+        .args(["--interval", "0.2", "--duration", "0.5"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["final"], true);
+    (last, stderr)
+}
+
+/// A macvtap's ring is filled by the rx handler of its lower device, which the
+/// transmit-side counters do not see: it is left out unless asked for, and then watched
+/// with a warning that says what is not exact.
+#[test]
+fn macvtap_is_watched_only_when_asked_for_and_then_with_a_warning() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("mvtap").unwrap();
+    tap_probe::lab::run_in(ns.path(), || {
+        let mut rtnl = tap_probe::lab::Rtnl::open()?;
+        rtnl.add_veth("tpm-v0", "tpm-v1", Some(1))?;
+        let lower = rtnl.link_by_name("tpm-v0")?.ifindex;
+        rtnl.add_macvtap("tpm-mt0", lower)?;
+        Ok(())
+    })
+    .unwrap();
+    let kinds = |last: &serde_json::Value| -> Vec<String> {
+        let mut kinds: Vec<String> = last["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| format!("{} {}", r["ifname"].as_str().unwrap(), r["kind"]))
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    };
+    let (last, stderr) = watch_json(ns.name(), &[]);
+    assert_eq!(
+        kinds(&last),
+        [r#"tpm-v0 "veth""#, r#"tpm-v1 "veth""#],
+        "no macvtap by default"
+    );
+    assert!(!stderr.contains("macvtap"), "{stderr}");
+    let (last, stderr) = watch_json(ns.name(), &["--macvtap"]);
+    assert_eq!(
+        kinds(&last),
+        [
+            r#"tpm-mt0 "macvtap""#,
+            r#"tpm-v0 "veth""#,
+            r#"tpm-v1 "veth""#
+        ]
+    );
+    assert!(
+        stderr.contains("only their consumed") && stderr.contains("tap_handle_frame"),
+        "the warning says what is not exact: {stderr}"
+    );
+}
+
+/// `tap-probe` run as root with only the capabilities `caps` (lower case, without `cap_`)
+/// in its bounding set, hence in its effective set.
+fn with_capabilities(caps: &[&str], args: &[&str]) -> std::process::Output {
+    let bounding: String = std::iter::once("-all".to_owned())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    Command::new("setpriv")
+        .arg(format!("--bounding-set={bounding}"))
+        .arg("--")
+        .arg(BIN)
+        .args(args)
+        .output()
+        .expect("setpriv runs")
+}
+
+/// The advice the error gives works: with exactly the capabilities it names, `watch` finds a
+/// tap in a namespace of its own, with the process holding it; without any one of them it
+/// refuses, naming that one (but for `CAP_BPF` and `CAP_PERFMON`, which `CAP_SYS_ADMIN`
+/// stands in for).
+#[test]
+fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let out = with_capabilities(&[], &["watch", "--duration", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let advice = stderr
+        .split("setcap ")
+        .nth(1)
+        .and_then(|rest| rest.split("+ep").next())
+        .unwrap_or_else(|| panic!("a setcap line: {stderr}"));
+    let caps: Vec<&str> = advice
+        .split(',')
+        .map(|c| c.strip_prefix("cap_").unwrap())
+        .collect();
+
+    let ns = common::quiet_netns("caps").unwrap();
+    let _tap = common::tap_in(&ns, "tpc0", RootQdisc::Noqueue).unwrap();
+    let watch = [
+        "watch",
+        "--netns",
+        ns.name(),
+        "--format",
+        "json",
+        "--interval",
+        "0.2",
+        "--duration",
+        "0.5",
+    ];
+    let out = with_capabilities(&caps, &watch);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "with {caps:?}: {stderr}");
+    assert!(!stderr.contains("cannot enter"), "{stderr}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let row = &last["rows"][0];
+    assert_eq!(row["ifname"], "tpc0", "{last}");
+    assert_eq!(row["owner"]["pid"], std::process::id(), "{last}");
+
+    for missing in &caps {
+        let fewer: Vec<&str> = caps.iter().copied().filter(|c| c != missing).collect();
+        let out = with_capabilities(&fewer, &watch);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if ["bpf", "perfmon"].contains(missing) {
+            // The kernel takes CAP_SYS_ADMIN for either (bpf_capable, perfmon_capable).
+            assert!(out.status.success(), "without {missing}: {stderr}");
+            continue;
+        }
+        assert!(!out.status.success(), "without {missing}: {stderr}");
+        let named = format!("CAP_{}", missing.to_uppercase());
+        assert!(
+            stderr.contains(&format!("lacks {named}:")),
+            "without {missing}, {named} is named: {stderr}"
+        );
+    }
+}
+
+/// Every refresh reads what the kernel skipped of each attached program, for every backend
+/// this kernel runs; a kprobe's own misses where the kernel reports them (its perf link,
+/// Linux 6.7+, as BTF says).
+#[test]
+fn what_the_kernel_skipped_is_read_for_every_program() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let kernel = KernelInfo::load().unwrap();
+    let ns = common::quiet_netns("missed").unwrap();
+    let _tap = common::tap_in(&ns, "tpmi0", RootQdisc::Noqueue).unwrap();
+    for backend in kernel.backends() {
+        let name = format!("{backend:?}").to_lowercase();
+        let (last, stderr) = watch_json(ns.name(), &["--backend", &name]);
+        assert_eq!(last["rows"].as_array().unwrap().len(), 1, "{stderr}");
+        let missed = last["missed"].as_array().unwrap();
+        assert!(missed.len() >= 3, "{backend:?}: {missed:?}");
+        assert!(
+            missed.iter().all(|m| m["runs"].is_u64()),
+            "{backend:?}: {missed:?}"
+        );
+        assert_eq!(
+            last["counts_may_be_short"],
+            missed
+                .iter()
+                .any(|m| m["runs"] != 0 || m["kprobe"].as_u64().unwrap_or(0) != 0)
+        );
+        let kprobe_counts = missed.iter().filter(|m| m["kprobe"].is_u64()).count();
+        if backend == Backend::Kprobe && kernel.reports_kprobe_misses() {
+            assert!(kprobe_counts >= 2, "kprobes' own misses read: {missed:?}");
+        } else if !kernel.reports_kprobe_misses() {
+            assert_eq!(kprobe_counts, 0, "{missed:?}");
+        } else {
+            eprintln!("{backend:?}: {kprobe_counts} kprobe programs attached");
+        }
+    }
 }

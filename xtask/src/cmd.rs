@@ -100,6 +100,32 @@ pub(crate) fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
         .with_context(|| format!("could not run `{}`", display(command)))
 }
 
+/// Runs `command` to completion, passing its stdout on line by line as it comes, and
+/// returns those lines (stderr is inherited).
+///
+/// # Errors
+/// If it cannot be started or exits non-zero.
+pub(crate) fn run_collecting(command: &mut Command) -> anyhow::Result<Vec<String>> {
+    use std::io::BufRead as _;
+    command.stdout(Stdio::piped());
+    echo(command);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("could not run `{}`", display(command)))?;
+    let stdout = child.stdout.take().context("the command's stdout")?;
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.context("reading the command's output")?;
+        println!("{line}");
+        lines.push(line);
+    }
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{}`", display(command)))?;
+    check(command, status)?;
+    Ok(lines)
+}
+
 /// Runs `command` quietly and returns its stdout if it ran and exited zero. For probing
 /// the machine (is X installed?), where failure is an answer, not an error.
 pub(crate) fn probe(command: &mut Command) -> Option<String> {

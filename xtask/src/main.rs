@@ -7,6 +7,7 @@ mod cmd;
 mod demo;
 mod seed_tun;
 mod setup;
+mod skips;
 mod test;
 mod vm;
 

@@ -15,13 +15,15 @@ const NIGHTLY_COMPONENTS: &[&str] = &["rust-src", "clippy"];
 /// lacks; 0.10.3 uses rustc's own.
 const BPF_LINKER_VERSION: &str = "0.10.3";
 
-/// Debian packages: iproute2 (`ip`, `tc` for test hosts), bpftrace (the overhead
-/// benchmark's reference tracer); for the guests: QEMU, a static busybox for their init,
+/// Debian packages: iproute2 (`ip`, `tc` for test hosts), util-linux's `setpriv` (the
+/// tests run tap-probe with chosen capabilities), bpftrace (the overhead benchmark's
+/// reference tracer); for the guests: QEMU, a static busybox for their init,
 /// xz-utils for compressed kernel modules, binutils' `strip` to shrink their binaries; for
 /// `cargo xtask seed-tun`: gcc, make and patch to build a module against Debian's kernel
 /// headers, and dwarves' pahole for its BTF.
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
+    "util-linux",
     "bpftrace",
     "qemu-system-x86",
     "busybox-static",

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::bail;
 use tap_probe_guest::{AccelChoice, KernelSpec, Series};
 
+use crate::skips::{self, Skip};
 use crate::{cmd, setup, vm};
 
 #[derive(Debug, clap::Args)]
@@ -42,25 +43,44 @@ impl Args {
 /// build.
 pub(crate) const TEST_PROFILE: &[&str] = &["--config", "profile.dev.opt-level=2"];
 
-/// One stage of the pipeline.
+/// One stage of the pipeline. It returns the tests that skipped themselves in it, by
+/// where they ran (`host` or a guest's kernel).
 struct Stage {
     name: &'static str,
-    run: fn() -> anyhow::Result<()>,
+    run: fn() -> anyhow::Result<Skipped>,
+}
+
+type Skipped = Vec<(String, Vec<Skip>)>;
+
+/// A stage without tests of its own to skip.
+fn none(ran: anyhow::Result<()>) -> anyhow::Result<Skipped> {
+    ran.map(|()| Vec::new())
+}
+
+/// Runs a `cargo test` command, with each passed test's output shown so that the tests that
+/// skipped themselves can be read from it.
+fn cargo_test(command: &mut std::process::Command) -> anyhow::Result<Skipped> {
+    let lines = cmd::run_collecting(command.arg("--show-output"))?;
+    Ok(vec![("host".to_owned(), skips::read(&lines))])
 }
 
 const STAGES: &[Stage] = &[
     Stage {
         name: "setup",
-        run: || setup::run(&setup::Args {}),
+        run: || none(setup::run(&setup::Args {})),
     },
     Stage {
         name: "fmt",
-        run: || cmd::run(cmd::cargo().args(["fmt", "--all", "--", "--check"])),
+        run: || {
+            none(cmd::run(
+                cmd::cargo().args(["fmt", "--all", "--", "--check"]),
+            ))
+        },
     },
     Stage {
         name: "clippy",
         run: || {
-            cmd::run(cmd::cargo().args([
+            none(cmd::run(cmd::cargo().args([
                 "clippy",
                 "--workspace",
                 "--exclude",
@@ -71,7 +91,7 @@ const STAGES: &[Stage] = &[
                 "--",
                 "-D",
                 "warnings",
-            ]))
+            ])))
         },
     },
     Stage {
@@ -79,7 +99,7 @@ const STAGES: &[Stage] = &[
         // nightly's build-std.
         name: "clippy-ebpf",
         run: || {
-            cmd::run(cmd::cargo().args([
+            none(cmd::run(cmd::cargo().args([
                 "+nightly",
                 "clippy",
                 "-p",
@@ -92,22 +112,23 @@ const STAGES: &[Stage] = &[
                 "--",
                 "-D",
                 "warnings",
-            ]))
+            ])))
         },
     },
     Stage {
         name: "unit-tests",
         run: || {
-            cmd::run(cmd::cargo().arg("test").args(TEST_PROFILE).args([
+            cargo_test(cmd::cargo().arg("test").args(TEST_PROFILE).args([
                 "--workspace",
                 "--exclude",
                 "tap-probe-ebpf",
+                "--",
             ]))
         },
     },
     Stage {
         name: "fuzz-smoke",
-        run: fuzz_smoke,
+        run: || none(fuzz_smoke()),
     },
     Stage {
         name: "privileged-tests",
@@ -118,11 +139,11 @@ const STAGES: &[Stage] = &[
         // every machine where KVM half-works takes, checked on every machine.
         name: "vm-fallback",
         run: || {
-            vm::check_fallback(&vm::Guest {
+            none(vm::check_fallback(&vm::Guest {
                 kernel: KernelSpec::Debian(Series::Debian6_1),
                 modules: Vec::new(),
                 modules_dir: None,
-            })
+            }))
         },
     },
     Stage {
@@ -170,7 +191,7 @@ fn fuzz_smoke() -> anyhow::Result<()> {
     )
 }
 
-fn privileged_tests() -> anyhow::Result<()> {
+fn privileged_tests() -> anyhow::Result<Skipped> {
     if !cmd::is_root() {
         bail!(
             "the privileged tests create network namespaces and load eBPF programs: run as \
@@ -178,7 +199,7 @@ fn privileged_tests() -> anyhow::Result<()> {
         );
     }
     // One at a time: they share the host's tracepoints and tracefs.
-    cmd::run(cmd::cargo().arg("test").args(TEST_PROFILE).args([
+    cargo_test(cmd::cargo().arg("test").args(TEST_PROFILE).args([
         "-p",
         "tap-probe",
         "--features",
@@ -195,22 +216,38 @@ fn privileged_tests() -> anyhow::Result<()> {
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let skipped = args.skipped();
     let mut passed = Vec::new();
+    let mut tests_skipped = Vec::new();
     for stage in STAGES {
         if skipped.iter().any(|(name, _)| *name == stage.name) {
             continue;
         }
         eprintln!("==> xtask test: {}", stage.name);
-        if let Err(err) = (stage.run)() {
-            eprintln!("{}", summary(&passed, Some(stage.name), &skipped));
-            return Err(err.context(format!("stage `{}` failed", stage.name)));
+        match (stage.run)() {
+            Ok(skips) => tests_skipped.extend(
+                skips
+                    .into_iter()
+                    .map(|(place, skips)| (stage.name, place, skips)),
+            ),
+            Err(err) => {
+                eprintln!(
+                    "{}",
+                    summary(&passed, Some(stage.name), &skipped, &tests_skipped)
+                );
+                return Err(err.context(format!("stage `{}` failed", stage.name)));
+            }
         }
         passed.push(stage.name);
     }
-    println!("{}", summary(&passed, None, &skipped));
+    println!("{}", summary(&passed, None, &skipped, &tests_skipped));
     Ok(())
 }
 
-fn summary(passed: &[&str], failed: Option<&str>, skipped: &[(&str, &str)]) -> String {
+fn summary(
+    passed: &[&str],
+    failed: Option<&str>,
+    skipped: &[(&str, &str)],
+    tests_skipped: &[(&str, String, Vec<Skip>)],
+) -> String {
     let mut line = format!("xtask test: stages passed: {}", list(passed));
     if let Some(failed) = failed {
         line.push_str("; stage failed: ");
@@ -218,6 +255,16 @@ fn summary(passed: &[&str], failed: Option<&str>, skipped: &[(&str, &str)]) -> S
     }
     for (name, flag) in skipped {
         let _ = write!(line, "; {name} skipped ({flag})");
+    }
+    let count: usize = tests_skipped.iter().map(|(_, _, s)| s.len()).sum();
+    let _ = write!(
+        line,
+        "\nxtask test: tests that skipped (part of) themselves: {count}"
+    );
+    for (stage, place, skips) in tests_skipped {
+        for skip in skips {
+            let _ = write!(line, "\n  {stage} on {place}: {skip}");
+        }
     }
     line
 }

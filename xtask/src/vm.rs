@@ -15,6 +15,7 @@ use tap_probe_guest::image::sh_quote;
 use tap_probe_guest::{AccelChoice, Image, Kernel, KernelSpec, Launcher, Series, Verdict, launch};
 
 use crate::cmd;
+use crate::skips::{self, Skip};
 
 /// Host tools (copied in with their libraries) the tests run: some lib tests check the
 /// rtnetlink code against `ip -j` and `tc -j`, which busybox's applets cannot print;
@@ -83,7 +84,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             })
             .collect()
     };
-    run_tests(
+    let skipped = run_tests(
         &guests,
         &Options {
             accel: args.accel,
@@ -91,7 +92,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             quiet: args.quiet,
             passthrough: args.passthrough.clone(),
         },
-    )
+    )?;
+    for (kernel, skips) in skipped {
+        for skip in skips {
+            println!("xtask vm: skipped on {kernel}: {skip}");
+        }
+    }
+    Ok(())
 }
 
 /// The kernels the tests run on in CI: Debian 12's own 6.1 (stock: tail-drop); 6.12 with
@@ -124,11 +131,15 @@ pub(crate) struct Options {
 }
 
 /// Runs the privileged tests in one guest per entry of `guests`, in turn, and fails if any
-/// guest does not report success (after running them all).
+/// guest does not report success (after running them all). Returns, per guest kernel, the
+/// tests that skipped themselves.
 ///
 /// # Errors
 /// If the build fails, a kernel cannot be had, or a guest fails.
-pub(crate) fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<()> {
+pub(crate) fn run_tests(
+    guests: &[Guest],
+    options: &Options,
+) -> anyhow::Result<Vec<(String, Vec<Skip>)>> {
     let started = Instant::now();
     let step = Instant::now();
     let binaries = build_tests()?;
@@ -136,6 +147,7 @@ pub(crate) fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<(
     let mut launcher = Launcher::new(options.accel, "xtask vm");
     let mut failures = Vec::new();
     let mut times = Vec::new();
+    let mut skipped = Vec::new();
     for guest in guests {
         let step = Instant::now();
         let (kernel, modules) = prepare(guest)?;
@@ -175,6 +187,7 @@ pub(crate) fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<(
             }
         }
         println!("{}", summary(&name, &outcome.lines));
+        skipped.push((name.clone(), skips::read(&outcome.lines)));
         let line = format!(
             "{name}: prepare {:.1} s, image {} MiB, {}; console log {}",
             prepare_time.as_secs_f64(),
@@ -197,7 +210,7 @@ pub(crate) fn run_tests(guests: &[Guest], options: &Options) -> anyhow::Result<(
     if !failures.is_empty() {
         bail!("guests failed: {}", failures.join("; "));
     }
-    Ok(())
+    Ok(skipped)
 }
 
 /// The guest's kernel and the modules to load in it.
@@ -335,7 +348,7 @@ fn summary(kernel: &str, lines: &[String]) -> String {
     let mut out = format!("xtask vm: guest test results on {kernel}:");
     let mut binary: Option<&str> = None;
     let mut failed: Vec<&str> = Vec::new();
-    let mut skipped: Vec<&str> = Vec::new();
+    let mut output: Vec<&str> = Vec::new();
     for line in lines {
         if let Some(path) = line.strip_prefix("init: running ") {
             binary = path
@@ -343,18 +356,16 @@ fn summary(kernel: &str, lines: &[String]) -> String {
                 .next()
                 .and_then(|path| path.rsplit('/').next());
             failed.clear();
-            skipped.clear();
+            output.clear();
         } else if let Some(name) = line
             .strip_prefix("test ")
             .and_then(|rest| rest.strip_suffix(" ... FAILED"))
         {
             failed.push(name);
-        } else if let Some(reason) = line.strip_prefix("skipping test - ") {
-            skipped.push(reason);
         } else if let (Some(name), Some(result)) = (binary, line.strip_prefix("test result: ")) {
             let _ = write!(out, "\n  {name}: {result}");
-            for reason in &skipped {
-                let _ = write!(out, "\n    skipped: {reason}");
+            for skip in skips::read(&output) {
+                let _ = write!(out, "\n    skipped: {skip}");
             }
             if !failed.is_empty() {
                 let _ = write!(out, "\n    failed: {}", failed.join(", "));
@@ -365,6 +376,7 @@ fn summary(kernel: &str, lines: &[String]) -> String {
         {
             let _ = write!(out, "\n  {line}");
         }
+        output.push(line);
     }
     out
 }
@@ -442,6 +454,8 @@ mod tests {
             "init: running /tests/exactness-01 (uptime 9.50 s)",
             "test a ... ok",
             "test b ... FAILED",
+            "successes:",
+            "---- a stdout ----",
             "skipping test - no kprobes",
             "test result: FAILED. 1 passed; 1 failed; 0 ignored",
             "init: /tests/exactness-01 exited 101 (uptime 12.00 s)",
@@ -452,7 +466,7 @@ mod tests {
         let summary = summary("6.1.0-57-cloud-amd64", &lines);
         assert!(summary.contains("on 6.1.0-57-cloud-amd64"));
         assert!(summary.contains("exactness-01: FAILED. 1 passed; 1 failed"));
-        assert!(summary.contains("skipped: no kprobes"));
+        assert!(summary.contains("skipped: a: skipping test - no kprobes"));
         assert!(summary.contains("failed: b"));
         assert!(summary.contains("exited 101"));
         assert!(!summary.contains("exited 0"));

@@ -20,6 +20,7 @@ use tap_probe_common::{
 };
 
 use crate::bpf::backend::{Backend, Sources};
+use crate::bpf::missed::ProgramMissed;
 use crate::bpf::object::Object;
 use crate::bpf::slots::Slots;
 use crate::kernel::KernelInfo;
@@ -148,6 +149,8 @@ pub(crate) struct Probe {
     slots: Slots,
     /// The value last written to `GENERATION`.
     generation: u64,
+    /// Where a kprobe's perf link reports its misses on this kernel, if it does.
+    kprobe_link_missed: Option<u32>,
 }
 
 impl Probe {
@@ -208,6 +211,7 @@ impl Probe {
             tracked: HashMap::new(),
             slots: Slots::new(MAX_QUEUE_SLOTS),
             generation: 0,
+            kprobe_link_missed: kernel.kprobe_link_missed,
         })
     }
 
@@ -232,15 +236,33 @@ impl Probe {
         out
     }
 
-    /// Runs of this probe's programs the kernel skipped since they were loaded (see
-    /// [`crate::bpf::missed`]): when not 0, the counts they feed may be short.
-    pub(crate) fn missed_runs(&self) -> u64 {
+    /// What the kernel skipped of each of this probe's programs since they were loaded (see
+    /// [`crate::bpf::missed`]), by program name: when not 0, the counts they feed may be
+    /// short. Programs this backend did not load are left out.
+    pub(crate) fn missed(&self) -> Vec<ProgramMissed> {
         use std::os::fd::AsFd as _;
-        self.ebpf
+        let kprobes = self
+            .kprobe_link_missed
+            .map(crate::bpf::missed::kprobe_misses)
+            .unwrap_or_default();
+        let mut out: Vec<ProgramMissed> = self
+            .ebpf
             .programs()
-            .filter_map(|(_, program)| program.fd().ok())
-            .filter_map(|fd| crate::bpf::missed::recursion_misses(fd.as_fd()).ok())
-            .sum()
+            .filter_map(|(name, program)| {
+                let runs = crate::bpf::missed::recursion_misses(program.fd().ok()?.as_fd()).ok()?;
+                let kprobe = matches!(program, aya::programs::Program::KProbe(_))
+                    .then(|| program.info().ok())
+                    .flatten()
+                    .and_then(|info| kprobes.get(&info.id()).copied());
+                Some(ProgramMissed {
+                    program: name.to_owned(),
+                    runs,
+                    kprobe,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.program.cmp(&b.program));
+        out
     }
 
     /// Passes the programs' messages since the last call on to the log.

@@ -166,6 +166,7 @@ impl Observer for Watch<'_> {
         let filter = Filter {
             globs: vec![device.name.clone()],
             netns: Some(device.netns_name.clone()),
+            macvtap: false,
         };
         let mut watcher = Watcher::with_backend(self.kernel, &filter, Backend::Auto)?;
         // The first refresh tracks the tap: from then on every packet is counted.

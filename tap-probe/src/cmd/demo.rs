@@ -57,6 +57,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let stop = Stop::install()?;
     let session_cfg = SessionConfig {
         qdisc: Some(args.qdisc.into()),
+        backpressure: args.backpressure,
         tx_queue_len: None,
         reader_pps: Some(args.reader_pps),
         reader_deadline: Some(args.duration + Duration::from_secs(30)),
@@ -71,6 +72,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let filter = Filter {
         globs: vec![device.name.clone()],
         netns: Some(device.netns_name.clone()),
+        macvtap: false,
     };
     let mut watcher = Watcher::with_backend(&KernelInfo::load()?, &filter, Backend::Auto)?;
     let out = output::Output::new(args.format);

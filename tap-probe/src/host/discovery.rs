@@ -102,12 +102,26 @@ fn serialize_key<S: serde::Serializer>(
 }
 
 /// Which devices to report: names matching any glob (all when empty), in the namespace
-/// with this name (all when `None`).
+/// with this name (all when `None`); macvtap devices only when asked for.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub globs: Vec<String>,
     pub netns: Option<String>,
+    /// Also macvtap devices, whose transmit-side counters are not exact (see
+    /// [`MACVTAP_INEXACT`]).
+    pub macvtap: bool,
 }
+
+/// Why macvtap is left out unless asked for: the probes see its transmit function, but its
+/// ring is filled elsewhere. A macvtap's queue is fed by its rx handler on the lower device
+/// (`tap_handle_frame`, `drivers/net/tap.c`), which drops on a full ring itself, while its
+/// `ndo_start_xmit` (`macvlan_start_xmit`) sends the host's frames on down through the
+/// lower device. Only `consumed` (the reader's takes, `tap_do_read`) counts the ring.
+pub(crate) const MACVTAP_INEXACT: &str = "macvtap devices are watched, but only their consumed \
+    (the reader's takes) is exact: their ring is filled by the rx handler on the lower device \
+    (tap_handle_frame), not by their transmit function, so xmit_calls, enqueued, busy and \
+    dropped_full_ring count frames sent out through macvlan, a different path, and ring drops \
+    are not counted";
 
 /// Scans the host for devices, keeping one rtnetlink socket per namespace between scans.
 ///
@@ -117,9 +131,13 @@ pub struct Filter {
 pub struct Discovery {
     globs: Option<GlobSet>,
     netns: Option<GlobMatcher>,
+    macvtap: bool,
     sockets: HashMap<u32, Rtnl>,
     /// A sysfs per namespace with tun/tap devices, for their `tun_flags`.
     sysfs: HashMap<u32, Sysfs>,
+    /// Namespaces the kernel did not let this process enter, and why, by inode: their
+    /// devices are not seen.
+    refused: HashMap<u32, String>,
 }
 
 impl Discovery {
@@ -145,11 +163,16 @@ impl Discovery {
                     .with_context(|| format!("invalid namespace glob {ns:?}"))
             })
             .transpose()?;
+        if filter.macvtap {
+            log::warn!("{MACVTAP_INEXACT}");
+        }
         Ok(Self {
             globs,
             netns,
+            macvtap: filter.macvtap,
             sockets: HashMap::new(),
             sysfs: HashMap::new(),
+            refused: HashMap::new(),
         })
     }
 
@@ -172,11 +195,26 @@ impl Discovery {
         let live: HashSet<u32> = namespaces.iter().map(|ns| ns.inode).collect();
         self.sockets.retain(|inode, _| live.contains(inode));
         self.sysfs.retain(|inode, _| live.contains(inode));
+        self.refused.retain(|inode, _| live.contains(inode));
 
         let mut devices = Vec::new();
         for ns in &namespaces {
             let links = match self.links_in(ns) {
                 Ok(links) => links,
+                Err(err) if denied(&err) => {
+                    if !self.refused.contains_key(&ns.inode) {
+                        log::warn!(
+                            "cannot enter network namespace {} ({}), its devices are not \
+                             watched: {err:#}",
+                            ns.name,
+                            ns.path.display()
+                        );
+                    }
+                    self.refused
+                        .insert(ns.inode, format!("{}: {err:#}", ns.name));
+                    self.sockets.remove(&ns.inode);
+                    continue;
+                }
                 Err(err) => {
                     // Typically the namespace vanished between listing and joining it.
                     log::debug!(
@@ -219,6 +257,13 @@ impl Discovery {
         Ok(devices)
     }
 
+    /// The namespaces the last scan could not enter, each as `name: why`.
+    pub(crate) fn refused(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.refused.values().cloned().collect();
+        out.sort();
+        out
+    }
+
     /// The `tun_flags` of tun/tap `name` in `ns`, through that namespace's sysfs (made once).
     /// A device that vanished since the link dump, or a namespace whose sysfs the kernel
     /// refuses, gives `None` (with a debug message).
@@ -243,9 +288,11 @@ impl Discovery {
     }
 
     fn matches(&self, device: &Device) -> bool {
-        self.netns
-            .as_ref()
-            .is_none_or(|ns| ns.is_match(&device.netns))
+        (self.macvtap || device.kind != DeviceKind::Macvtap)
+            && self
+                .netns
+                .as_ref()
+                .is_none_or(|ns| ns.is_match(&device.netns))
             && self
                 .globs
                 .as_ref()
@@ -284,6 +331,19 @@ impl Discovery {
         };
         rtnl.links()
     }
+}
+
+/// Whether the kernel refused an operation for want of privilege (`EPERM`, `EACCES`), as
+/// opposed to a namespace that went away.
+fn denied(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<nix::errno::Errno>()
+            .is_some_and(|e| matches!(e, nix::errno::Errno::EPERM | nix::errno::Errno::EACCES))
+            || cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+    })
 }
 
 /// Attaches holders to tun/tap devices by name. fdinfo names the device but not its
@@ -372,6 +432,7 @@ mod tests {
         let d = Discovery::new(&Filter {
             globs: vec!["tap*".into()],
             netns: Some("ns1".into()),
+            macvtap: false,
         })
         .unwrap();
         assert!(d.matches(&device("tap0", 1, DeviceKind::Tap)));
@@ -380,7 +441,8 @@ mod tests {
         assert!(
             Discovery::new(&Filter {
                 globs: vec!["[".into()],
-                netns: None
+                netns: None,
+                macvtap: false,
             })
             .is_err()
         );
@@ -391,6 +453,7 @@ mod tests {
         let d = Discovery::new(&Filter {
             globs: Vec::new(),
             netns: Some("ns*".into()),
+            macvtap: false,
         })
         .unwrap();
         assert!(d.matches(&device("tap0", 1, DeviceKind::Tap)));
@@ -398,6 +461,7 @@ mod tests {
         let d = Discovery::new(&Filter {
             globs: Vec::new(),
             netns: Some("ns2".into()),
+            macvtap: false,
         })
         .unwrap();
         assert!(!d.matches(&device("tap0", 1, DeviceKind::Tap)));
@@ -427,6 +491,7 @@ mod privileged_tests {
         let mut all = Discovery::new(&Filter {
             globs: Vec::new(),
             netns: Some(ns.name().to_owned()),
+            macvtap: false,
         })
         .unwrap();
         let devices = all.scan().unwrap();
@@ -460,6 +525,7 @@ mod privileged_tests {
         let mut taps = Discovery::new(&Filter {
             globs: vec!["tpd-tap*".into()],
             netns: None,
+            macvtap: false,
         })
         .unwrap();
         let only = taps.scan().unwrap();

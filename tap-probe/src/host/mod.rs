@@ -11,7 +11,9 @@ use anyhow::Result;
 use tap_probe_common::{DeviceKey, QueueCounters};
 
 use crate::bpf::backend::Sources;
+use crate::bpf::missed::ProgramMissed;
 use crate::bpf::probe::{DeviceCounters, Probe};
+use crate::kernel::modules::{ModuleChange, Modules};
 use crate::os::clock::monotonic_ns;
 use crate::os::netlink::LinkStats;
 use discovery::{Device, Discovery};
@@ -64,12 +66,18 @@ pub(crate) trait Host {
     fn sources(&self) -> &Sources;
     /// `CLOCK_MONOTONIC` now, the clock of the programs' timestamps.
     fn now_ns(&self) -> u64;
+    /// What the kernel skipped of each program since attach.
+    fn missed(&self) -> Vec<ProgramMissed>;
+    /// The modules tap-probe located at attach that changed since.
+    fn module_changes(&self) -> Vec<ModuleChange>;
 }
 
 /// The running host, watched by an attached probe.
 pub(crate) struct LiveHost {
     pub(crate) discovery: Discovery,
     pub(crate) probe: Probe,
+    /// The modules as they were when the probe attached.
+    pub(crate) modules: Modules,
 }
 
 impl Host for LiveHost {
@@ -112,5 +120,13 @@ impl Host for LiveHost {
 
     fn now_ns(&self) -> u64 {
         monotonic_ns()
+    }
+
+    fn missed(&self) -> Vec<ProgramMissed> {
+        self.probe.missed()
+    }
+
+    fn module_changes(&self) -> Vec<ModuleChange> {
+        self.modules.changes()
     }
 }

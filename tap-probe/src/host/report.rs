@@ -180,6 +180,32 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Devices that match the filter but are not counted, and why.
     pub untracked: Vec<crate::host::watcher::Untracked>,
+    /// What the kernel skipped of each attached program: when any is not 0, the counts may
+    /// be short (see [`Report::may_be_short`]).
+    pub(crate) missed: Vec<crate::bpf::missed::ProgramMissed>,
+    /// Modules located at attach that were loaded, unloaded or reloaded since: counts of
+    /// their devices may be wrong.
+    pub(crate) modules_changed: Vec<crate::kernel::modules::ModuleChange>,
+}
+
+impl Report {
+    /// Whether the kernel skipped runs of a program (or hits of a kprobe): the counts they
+    /// feed may then be short.
+    #[must_use]
+    pub fn may_be_short(&self) -> bool {
+        self.missed.iter().any(|m| m.total() > 0)
+    }
+
+    /// The programs that missed something, as `program N` (kprobe hits that ran nothing
+    /// added in), for a display.
+    #[must_use]
+    pub(crate) fn missed_text(&self) -> Vec<String> {
+        self.missed
+            .iter()
+            .filter(|m| m.total() > 0)
+            .map(|m| format!("{} {}", m.program, m.total()))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE, QueueCounters};
 
 use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
+use crate::bpf::missed::ProgramMissed;
 use crate::bpf::probe::{DeviceCounters, Full, Probe};
 use crate::host::baseline::{self, Baseline, counted_between};
 use crate::host::discovery::{Device, Discovery, Filter};
 use crate::host::report::{KernelDeltas, Report, Row, RowContext, device_rows};
 use crate::host::{Host, LiveHost};
+use crate::kernel::modules::ModuleChange;
 use crate::kernel::{KernelInfo, ReasonNames, TunBackpressure};
 
 /// How long a stopped queue may go without a reader take before it is called stuck, unless
@@ -35,6 +37,8 @@ pub(crate) struct Tracker<H> {
     /// The probe's tables were full at the last attempt; nothing was untracked since, so
     /// there is no point in trying again.
     full: bool,
+    /// The module changes already warned about.
+    warned: Vec<ModuleChange>,
 }
 
 struct Tracked {
@@ -94,6 +98,7 @@ impl Watcher {
         let host = LiveHost {
             discovery: Discovery::new(filter)?,
             probe: Probe::attach_backend(kernel, backend, false)?,
+            modules: kernel.modules.clone(),
         };
         let mut tracker = Tracker::on(host, kernel.drop_reasons.clone());
         tracker.backpressure = kernel.tun_backpressure;
@@ -112,12 +117,12 @@ impl Watcher {
         self.0.host.probe.program_stats()
     }
 
-    /// Runs of the attached programs the kernel skipped (another kprobe program was running
-    /// on the CPU); when not 0, counts may be short. Kernels before 6.7 do not count the
-    /// kprobes' skips.
+    /// Runs of the attached programs the kernel skipped, and hits of their kprobes that
+    /// ran nothing (see [`crate::bpf::missed`]); when not 0, counts may be short. Kernels
+    /// before 6.7 do not count the kprobes' skips.
     #[must_use]
     pub fn missed_runs(&self) -> u64 {
-        self.0.host.probe.missed_runs()
+        self.0.host.missed().iter().map(ProgramMissed::total).sum()
     }
 
     /// What feeds each counter.
@@ -142,7 +147,17 @@ impl Watcher {
     pub(crate) fn nothing_matches(&mut self) -> anyhow::Result<String> {
         let all = self.0.host.discovery.describe_all()?;
         let mut text = String::from("no tun, tap, veth or macvtap device matches the filter");
-        if all.is_empty() {
+        let refused = self.0.host.discovery.refused();
+        if !refused.is_empty() {
+            let _ = write!(
+                text,
+                "; {} network namespaces could not be entered, their devices are not seen ({}; \
+                 entering one needs CAP_SYS_ADMIN)",
+                refused.len(),
+                refused.join("; ")
+            );
+        }
+        if all.is_empty() && refused.is_empty() {
             text.push_str("; this host has none (start a VM, or try `tap-probe demo`)");
         } else {
             text.push_str("; devices present:");
@@ -167,6 +182,7 @@ impl<H: Host> Tracker<H> {
             devices: HashMap::new(),
             untracked: HashMap::new(),
             full: false,
+            warned: Vec::new(),
         }
     }
 }
@@ -282,12 +298,24 @@ impl<H: Host> Tracker<H> {
         rows.sort_by(|a, b| (&a.netns, &a.ifname, a.queue).cmp(&(&b.netns, &b.ifname, b.queue)));
         let mut untracked: Vec<Untracked> = self.untracked.values().cloned().collect();
         untracked.sort_by(|a, b| (&a.netns, &a.ifname).cmp(&(&b.netns, &b.ifname)));
+        let modules_changed = self.host.module_changes();
+        for change in &modules_changed {
+            if !self.warned.contains(change) {
+                log::warn!(
+                    "{change} since tap-probe attached: its functions were located at attach, \
+                     so its devices may be counted wrongly or not at all; restart tap-probe"
+                );
+                self.warned.push(change.clone());
+            }
+        }
         Ok(Report {
             elapsed_s: self.started.elapsed().as_secs_f64(),
             sources: self.host.sources().clone(),
             programs: None,
             rows,
             untracked,
+            missed: self.host.missed(),
+            modules_changed,
         })
     }
 }
@@ -462,6 +490,9 @@ mod tests {
         /// How many devices the probe has room for.
         room: usize,
         wire: RefCell<Option<Wire>>,
+        /// What the kernel skipped of each program, as the next reads find it.
+        missed: Vec<ProgramMissed>,
+        modules: Vec<ModuleChange>,
     }
 
     /// Traffic on one device while the tracker works: each call into the host lets the next
@@ -521,6 +552,8 @@ mod tests {
                 },
                 room: usize::MAX,
                 wire: RefCell::new(None),
+                missed: Vec::new(),
+                modules: Vec::new(),
             }
         }
     }
@@ -599,6 +632,14 @@ mod tests {
 
         fn now_ns(&self) -> u64 {
             self.now_ns
+        }
+
+        fn missed(&self) -> Vec<ProgramMissed> {
+            self.missed.clone()
+        }
+
+        fn module_changes(&self) -> Vec<ModuleChange> {
+            self.modules.clone()
         }
     }
 
@@ -862,5 +903,87 @@ mod tests {
         let report = t.refresh().unwrap();
         assert!(report.untracked.is_empty(), "{:?}", report.untracked);
         assert_eq!(report.rows.iter().filter(|r| !r.retired).count(), 2);
+    }
+
+    /// Every refresh reads what the kernel skipped of each program, and a report that has
+    /// a skip says its counts may be short: in the table, the status line, the JSON and the
+    /// Prometheus text.
+    #[test]
+    fn skipped_program_runs_are_shown_per_program_and_mark_the_counts_short() {
+        let mut t = tracker();
+        t.host.devices = vec![device(3, "tap0", 0, 0)];
+        let quiet = vec![
+            ProgramMissed {
+                program: "consume_entry".to_owned(),
+                runs: 0,
+                kprobe: Some(0),
+            },
+            ProgramMissed {
+                program: "kfree_skb".to_owned(),
+                runs: 0,
+                kprobe: None,
+            },
+        ];
+        t.host.missed.clone_from(&quiet);
+        let report = t.refresh().unwrap();
+        assert!(!report.may_be_short());
+        let json: serde_json::Value =
+            serde_json::from_str(&crate::output::json::json_line(&report, false).unwrap()).unwrap();
+        assert_eq!(json["counts_may_be_short"], false);
+        assert_eq!(json["missed"][0]["program"], "consume_entry");
+        assert!(!crate::output::table::rows(&report, None).contains("SHORT"));
+
+        t.host.missed = quiet;
+        t.host.missed[0].kprobe = Some(2);
+        t.host.missed[1].runs = 5;
+        let report = t.refresh().unwrap();
+        assert!(report.may_be_short());
+        let table = crate::output::table::rows(&report, None);
+        assert!(
+            table.contains(
+                "COUNTS MAY BE SHORT: the kernel skipped program runs: consume_entry 2, kfree_skb 5"
+            ),
+            "{table}"
+        );
+        let status = crate::output::compact::status(&report, None);
+        assert!(status.contains("COUNTS MAY BE SHORT"), "{status}");
+        let json: serde_json::Value =
+            serde_json::from_str(&crate::output::json::json_line(&report, false).unwrap()).unwrap();
+        assert_eq!(json["counts_may_be_short"], true);
+        assert_eq!(json["missed"][0]["kprobe"], 2);
+        assert_eq!(json["missed"][1]["runs"], 5);
+        let text = crate::output::prometheus::exposition(&report);
+        for sample in [
+            r#"tap_probe_missed_total{program="consume_entry",why="recursion"} 0"#,
+            r#"tap_probe_missed_total{program="consume_entry",why="kprobe"} 2"#,
+            r#"tap_probe_missed_total{program="kfree_skb",why="recursion"} 5"#,
+        ] {
+            assert!(text.lines().any(|l| l == sample), "{sample} in\n{text}");
+        }
+    }
+
+    /// A module located at attach that changes later is reported in every refresh, and
+    /// warned about once.
+    #[test]
+    fn a_module_loaded_after_attach_is_reported() {
+        use crate::kernel::modules::Change;
+        let mut t = tracker();
+        t.host.devices = vec![device(3, "tap0", 0, 0)];
+        assert!(t.refresh().unwrap().modules_changed.is_empty());
+        t.host.modules = vec![ModuleChange {
+            module: "veth",
+            change: Change::Loaded,
+        }];
+        for _ in 0..2 {
+            let report = t.refresh().unwrap();
+            assert_eq!(report.modules_changed, t.host.modules);
+            let table = crate::output::table::rows(&report, None);
+            assert!(table.contains("veth.ko loaded since attach"), "{table}");
+            assert!(
+                crate::output::prometheus::exposition(&report)
+                    .contains("\ntap_probe_modules_changed 1\n")
+            );
+        }
+        assert_eq!(t.warned.len(), 1);
     }
 }

@@ -284,6 +284,13 @@ fn offset_of(btf: &Btf, root: &str, path: &[&str]) -> Result<u32> {
     Ok(bits / 8)
 }
 
+/// Where the kernel reports a kprobe's misses in the information of its perf link
+/// (`bpf_link_info.perf_event.kprobe.missed`, Linux 6.7+): its byte offset, `None` before.
+#[must_use]
+pub(crate) fn kprobe_link_missed(btf: &Btf) -> Option<u32> {
+    offset_of(btf, "bpf_link_info", &["perf_event", "kprobe", "missed"]).ok()
+}
+
 /// Searches `container` for a member called `name`, descending into anonymous struct/union
 /// members. Returns the member's bit offset from the start of `container`.
 fn find_member(

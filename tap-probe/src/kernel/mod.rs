@@ -4,6 +4,7 @@
 
 pub(crate) mod btf;
 pub(crate) mod kallsyms;
+pub(crate) mod modules;
 pub(crate) mod privileges;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use btf_rs::Btf;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, KernelFacts, PROG_CONSUME_SKB, WakeRange};
 
 use crate::kernel::kallsyms::{Kallsyms, NamedRange};
+use crate::kernel::modules::Modules;
 use crate::os::tap::IFF_BACKPRESSURE;
 
 /// How this kernel's tun answers a full ring when a qdisc sits in front of the device.
@@ -65,6 +67,10 @@ pub struct KernelInfo {
     pub(crate) tun_features: Result<u32, String>,
     /// How tun answers a full ring here; `None` when TUNGETFEATURES could not be read.
     pub tun_backpressure: Option<TunBackpressure>,
+    /// The modules whose code was located in kallsyms, as they were then.
+    pub(crate) modules: Modules,
+    /// Where a kprobe's perf link reports its misses, if it does (see `bpf::missed`).
+    pub(crate) kprobe_link_missed: Option<u32>,
 }
 
 impl KernelInfo {
@@ -74,8 +80,11 @@ impl KernelInfo {
     /// # Errors
     /// When BTF or kallsyms cannot be read or lack something the programs rely on.
     pub fn load() -> Result<Self> {
+        // Before kallsyms: a module loaded in between is then reported as loaded since.
+        let modules = Modules::now();
         let btf = crate::kernel::btf::load_vmlinux()?;
-        let info = Self::from_parts(&btf, Kallsyms::read()?)?;
+        let mut info = Self::from_parts(&btf, Kallsyms::read()?)?;
+        info.modules = modules;
         if info.reader_ranges.is_empty() {
             bail!(
                 "found none of the tun/tap read functions (tun_do_read, tap_do_read, ...) in \
@@ -139,11 +148,20 @@ impl KernelInfo {
             ring_facts,
             tun_features,
             tun_backpressure,
+            modules: Modules::now(),
+            kprobe_link_missed: crate::kernel::btf::kprobe_link_missed(btf),
         })
     }
 }
 
 impl KernelInfo {
+    /// Whether this kernel reports the hits of a kprobe that ran no program (its `nmissed`)
+    /// through the kprobe's perf link (Linux 6.7+, read from BTF).
+    #[must_use]
+    pub fn reports_kprobe_misses(&self) -> bool {
+        self.kprobe_link_missed.is_some()
+    }
+
     /// The backends this kernel has what they need for (kprobes; the `consume_skb`
     /// tracepoint's `location`), so a test can require each of them to attach.
     #[must_use]

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, anyhow, bail};
 
 pub(crate) const CAP_NET_ADMIN: u32 = 12;
+pub(crate) const CAP_SYS_PTRACE: u32 = 19;
 pub(crate) const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_SYSLOG: u32 = 34;
 pub(crate) const CAP_PERFMON: u32 = 38;
 pub(crate) const CAP_BPF: u32 = 39;
 
@@ -14,8 +16,9 @@ pub(crate) const CAP_BPF: u32 = 39;
 pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 pub(crate) const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
-/// How to get the capabilities, quoted in the error.
-const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin+ep $(command -v tap-probe)";
+/// How to get the capabilities, quoted in the error: every one [`missing_capabilities`]
+/// asks for.
+const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_syslog+ep $(command -v tap-probe)";
 
 /// The effective capability set (`CapEff`) from the text of `/proc/<pid>/status`.
 ///
@@ -30,9 +33,18 @@ pub(crate) fn parse_cap_eff(status: &str) -> Result<u64> {
     u64::from_str_radix(value, 16).with_context(|| format!("CapEff {value:?} is not hexadecimal"))
 }
 
-/// The names of the needed capabilities absent from `cap_eff`. `CAP_SYS_ADMIN` stands in for
-/// `CAP_BPF` and `CAP_PERFMON` (the kernel accepts it for both, and kernels before 5.8 have
-/// only it).
+/// The names of the needed capabilities absent from `cap_eff`:
+/// - `CAP_BPF` and `CAP_PERFMON` load the programs and attach kprobes and tracepoints
+///   (`CAP_SYS_ADMIN` stands in for both: the kernel accepts it, and kernels before 5.8 have
+///   only it);
+/// - `CAP_NET_ADMIN` creates taps and sets qdiscs (`demo`, `load`, `check`);
+/// - `CAP_SYS_ADMIN` enters other network namespaces (`setns`) and mounts tracefs;
+/// - `CAP_SYS_PTRACE` reads other processes' `/proc/PID/ns/net` and open files, which is
+///   how namespaces without a name, and the processes holding a tap, are found (the kernel
+///   asks for ptrace read access, `proc_ns_get_link`, and a root process without it is
+///   refused at processes with more capabilities, such as kthreadd's for the initial one);
+/// - `CAP_SYSLOG` shows kernel addresses in `/proc/kallsyms` (`kallsyms_show_value`): the
+///   reader's and the wakers' functions are told by address.
 #[must_use]
 pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
     let has = |cap: u32| cap_eff & (1u64 << cap) != 0;
@@ -44,8 +56,15 @@ pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
     if !has(CAP_PERFMON) && !sys_admin {
         missing.push("CAP_PERFMON");
     }
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
+    for (cap, name) in [
+        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+        (CAP_SYSLOG, "CAP_SYSLOG"),
+    ] {
+        if !has(cap) {
+            missing.push(name);
+        }
     }
     missing
 }
@@ -173,32 +192,59 @@ mod tests {
         assert!(check_cap_eff(0x01ff_ffff_ffff).is_ok());
     }
 
+    const OTHERS: u64 = (1 << CAP_NET_ADMIN) | (1 << CAP_SYS_PTRACE) | (1 << CAP_SYSLOG);
+
     #[test]
     fn names_exactly_what_is_missing() {
         assert_eq!(
             missing_capabilities(0),
-            ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"]
+            [
+                "CAP_BPF",
+                "CAP_PERFMON",
+                "CAP_NET_ADMIN",
+                "CAP_SYS_ADMIN",
+                "CAP_SYS_PTRACE",
+                "CAP_SYSLOG"
+            ]
         );
         let bpf_only = 1 << CAP_BPF;
         assert_eq!(
             missing_capabilities(bpf_only),
-            ["CAP_PERFMON", "CAP_NET_ADMIN"]
+            [
+                "CAP_PERFMON",
+                "CAP_NET_ADMIN",
+                "CAP_SYS_ADMIN",
+                "CAP_SYS_PTRACE",
+                "CAP_SYSLOG"
+            ]
         );
-        let all_three = (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_NET_ADMIN);
-        assert!(missing_capabilities(all_three).is_empty());
+        let all = (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_SYS_ADMIN) | OTHERS;
+        assert!(missing_capabilities(all).is_empty());
+        assert_eq!(
+            missing_capabilities(all & !(1 << CAP_SYSLOG)),
+            ["CAP_SYSLOG"]
+        );
         let err = check_cap_eff(1 << CAP_NET_ADMIN).unwrap_err().to_string();
-        assert!(err.contains("lacks CAP_BPF, CAP_PERFMON:"), "{err}");
         assert!(
-            err.contains("setcap cap_bpf,cap_perfmon,cap_net_admin+ep"),
+            err.contains("lacks CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_SYSLOG:"),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_syslog+ep"
+            ),
             "{err}"
         );
     }
 
     #[test]
     fn sys_admin_stands_in_for_bpf_and_perfmon() {
-        let caps = (1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN);
+        let caps = (1 << CAP_SYS_ADMIN) | OTHERS;
         assert!(missing_capabilities(caps).is_empty());
-        assert_eq!(missing_capabilities(1 << CAP_SYS_ADMIN), ["CAP_NET_ADMIN"]);
+        assert_eq!(
+            missing_capabilities(1 << CAP_SYS_ADMIN),
+            ["CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYSLOG"]
+        );
     }
 
     #[test]

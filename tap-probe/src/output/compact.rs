@@ -508,6 +508,16 @@ pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
         );
     }
     text.push_str(&untracked);
+    if report.may_be_short() {
+        let _ = write!(
+            text,
+            "; COUNTS MAY BE SHORT (runs skipped: {})",
+            report.missed_text().join(", ")
+        );
+    }
+    for change in &report.modules_changed {
+        let _ = write!(text, "; {change} since attach: restart tap-probe");
+    }
     let reasons = reasons(report);
     if !reasons.is_empty() {
         let _ = write!(text, "; other drops: {}", reasons.join(", "));

@@ -5,7 +5,8 @@ use tap_probe_common::METRICS;
 
 use crate::host::report::{Report, Row, Value};
 
-/// One report as a JSON line; `final` marks the summary written after detaching.
+/// One report as a JSON line; `final` marks the summary written after detaching, and
+/// `counts_may_be_short` says whether the kernel skipped runs of a program (see `missed`).
 ///
 /// # Errors
 /// Never in practice (serialising plain data).
@@ -13,6 +14,10 @@ pub(crate) fn json_line(report: &Report, last: bool) -> anyhow::Result<String> {
     let mut value = serde_json::to_value(report)?;
     if let Some(obj) = value.as_object_mut() {
         obj.insert("final".to_owned(), serde_json::Value::Bool(last));
+        obj.insert(
+            "counts_may_be_short".to_owned(),
+            serde_json::Value::Bool(report.may_be_short()),
+        );
     }
     Ok(format!("{value}\n"))
 }
@@ -27,9 +32,8 @@ pub(crate) fn json_line_with(
     key: &str,
     value: serde_json::Value,
 ) -> anyhow::Result<String> {
-    let mut json = serde_json::to_value(report)?;
+    let mut json: serde_json::Value = serde_json::from_str(&json_line(report, last)?)?;
     if let Some(obj) = json.as_object_mut() {
-        obj.insert("final".to_owned(), serde_json::Value::Bool(last));
         obj.insert(key.to_owned(), value);
     }
     Ok(format!("{json}\n"))

@@ -265,6 +265,8 @@ pub(crate) mod tests {
             },
             programs: None,
             untracked: Vec::new(),
+            missed: Vec::new(),
+            modules_changed: Vec::new(),
             rows,
         }
     }

@@ -35,6 +35,10 @@ pub(crate) struct LiveResult {
     pub(crate) items_per_s: f64,
     pub(crate) delivered: u64,
     pub(crate) dropped: u64,
+    /// Items the consumer never saw, told from the gaps in their sequence numbers: the
+    /// consumer's own account of what `dropped` counts on the producer's side (drops after
+    /// the last item it took leave no gap).
+    pub(crate) missing: u64,
     pub(crate) busy: u64,
     pub(crate) stops: u64,
     pub(crate) wakes: u64,
@@ -127,7 +131,7 @@ pub(crate) fn run(cfg: &LiveConfig, policy: Policy) -> anyhow::Result<LiveResult
     let p = producer
         .join()
         .map_err(|_| anyhow!("the producer thread panicked"))?;
-    let (delivered, consumer_wakes) = consumer
+    let (delivered, consumer_wakes, missing) = consumer
         .join()
         .map_err(|_| anyhow!("the consumer thread panicked"))?;
     #[expect(clippy::cast_precision_loss, reason = "a rate")]
@@ -138,6 +142,7 @@ pub(crate) fn run(cfg: &LiveConfig, policy: Policy) -> anyhow::Result<LiveResult
         items_per_s,
         delivered,
         dropped: p.dropped,
+        missing,
         busy: p.busy,
         stops: p.stops,
         wakes: p.wakes + consumer_wakes,
@@ -210,10 +215,13 @@ fn consume(
     threshold: u32,
     work: u32,
     producer: &std::thread::Thread,
-) -> (u64, u64) {
+) -> (u64, u64, u64) {
     let slots = &shared.slots;
     let (mut head, mut tail) = (0usize, 0usize);
     let mut delivered = 0u64;
+    // The producer numbers its items from 1 and skips a number for each drop.
+    let mut expected = 1usize;
+    let mut missing = 0u64;
     let mut wakes = 0u64;
     let mut cons_cnt = 0u32;
     let wake = |cons_cnt: &mut u32, wakes: &mut u64| {
@@ -232,7 +240,8 @@ fn consume(
             std::hint::spin_loop();
             continue;
         }
-        std::hint::black_box(v);
+        missing += u64::try_from(v.wrapping_sub(expected)).unwrap_or(0);
+        expected = v.wrapping_add(1).max(1);
         // __ptr_ring_discard_one.
         let next = head + 1;
         if next - tail >= batch || next >= size {
@@ -266,7 +275,7 @@ fn consume(
             break;
         }
     }
-    (delivered, wakes)
+    (delivered, wakes, missing)
 }
 
 /// The first two CPUs this process may run on, if it has two.
@@ -304,8 +313,10 @@ mod tests {
             )
             .unwrap();
             assert!(r.delivered > 1000, "{r:?}");
+            // What the consumer saw go missing, against what the producer says it dropped.
+            assert!(r.missing <= r.dropped, "{r:?}");
             if policy.stops() {
-                assert_eq!(r.dropped, 0, "{r:?}");
+                assert_eq!(r.missing, 0, "a stopping policy lost an item: {r:?}");
             } else {
                 assert_eq!(r.stops, 0);
             }

@@ -255,6 +255,26 @@ impl Rtnl {
         )?;
         Ok(())
     }
+
+    /// Creates macvtap `name` on the device `lower` (an ifindex), in the default mode.
+    ///
+    /// # Errors
+    /// When the kernel refuses (no macvtap support, a name taken, no such lower device).
+    pub fn add_macvtap(&mut self, name: &str, lower: u32) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+        msg.attributes.push(LinkAttribute::Link(lower));
+        msg.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                InfoKind::MacVtap,
+            )]));
+        self.request(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("create macvtap {name} on ifindex {lower}"),
+        )?;
+        Ok(())
+    }
 }
 
 impl Link {

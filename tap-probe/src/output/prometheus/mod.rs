@@ -63,6 +63,33 @@ pub(crate) fn exposition(report: &Report) -> String {
          tap_probe_untracked_devices {}\n",
         report.untracked.len()
     );
+    out.push_str(
+        "# HELP tap_probe_missed_total Runs of an eBPF program the kernel skipped (why=\"recursion\": \
+         it, or for a kprobe any kprobe program, was running on the CPU) and hits of its kprobes \
+         that ran nothing (why=\"kprobe\"); counts the program feeds may be short by them.\n\
+         # TYPE tap_probe_missed_total counter\n",
+    );
+    for m in &report.missed {
+        let program = escape(&m.program);
+        let _ = writeln!(
+            out,
+            "tap_probe_missed_total{{program=\"{program}\",why=\"recursion\"}} {}",
+            m.runs
+        );
+        if let Some(kprobe) = m.kprobe {
+            let _ = writeln!(
+                out,
+                "tap_probe_missed_total{{program=\"{program}\",why=\"kprobe\"}} {kprobe}"
+            );
+        }
+    }
+    let _ = write!(
+        out,
+        "# HELP tap_probe_modules_changed Modules tap-probe located at attach that were loaded, \
+         unloaded or reloaded since (counts of their devices may be wrong: restart it).\n\
+         # TYPE tap_probe_modules_changed gauge\ntap_probe_modules_changed {}\n",
+        report.modules_changed.len()
+    );
     let _ = write!(
         out,
         "# HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.\n\
@@ -243,6 +270,8 @@ mod tests {
             programs: None,
             rows,
             untracked: Vec::new(),
+            missed: Vec::new(),
+            modules_changed: Vec::new(),
         }
     }
 
@@ -401,6 +430,11 @@ tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queu
 # HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's tables are full).
 # TYPE tap_probe_untracked_devices gauge
 tap_probe_untracked_devices 0
+# HELP tap_probe_missed_total Runs of an eBPF program the kernel skipped (why="recursion": it, or for a kprobe any kprobe program, was running on the CPU) and hits of its kprobes that ran nothing (why="kprobe"); counts the program feeds may be short by them.
+# TYPE tap_probe_missed_total counter
+# HELP tap_probe_modules_changed Modules tap-probe located at attach that were loaded, unloaded or reloaded since (counts of their devices may be wrong: restart it).
+# TYPE tap_probe_modules_changed gauge
+tap_probe_modules_changed 0
 # HELP tap_probe_elapsed_seconds Seconds since tap-probe attached.
 # TYPE tap_probe_elapsed_seconds gauge
 tap_probe_elapsed_seconds 2.5
