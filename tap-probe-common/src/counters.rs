@@ -234,6 +234,26 @@ queue_metrics! {
         prometheus: "dropped_other_total",
         help: "Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
     }
+    /// Packets the driver took out of their flow's order: a TCP segment carrying data (or
+    /// SYN/FIN) whose IPv4 ID is below the next one its flow would hand over in order, or one
+    /// of the project's sequence-numbered UDP frames below its flow's next sequence number
+    /// (RFC 4737's "reordered"). A retransmission takes a fresh ID, so it is not counted.
+    counter reordered {
+        unit: Packets,
+        column: "REORDERED",
+        prometheus: "reordered_total",
+        help: "Packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).",
+    }
+    /// Flows `reordered` took up again mid-way (their first packet seen was not a SYN nor a
+    /// frame numbered 0): forgotten to make room in its bounded flow table (an LRU of
+    /// `MAX_FLOWS`), or begun before the device was tracked. What came late across that gap
+    /// is not counted.
+    counter flows_joined {
+        unit: Events,
+        column: "FLOWS_JOINED",
+        prometheus: "flows_joined_total",
+        help: "Flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.",
+    }
     /// Packets the reader copied out of the ring and released (`consume_skb` from the
     /// tun/tap read path).
     counter consumed {

@@ -78,6 +78,25 @@ pub struct RingFacts {
     pub reserved: u32,
 }
 
+/// Where a packet's headers are, for telling the order of its flow (`reordered`): offsets
+/// from vmlinux's BTF.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PacketFacts {
+    /// `offsetof(struct sk_buff, protocol)` (a `__be16`).
+    pub skb_protocol: u32,
+    /// `offsetof(struct sk_buff, head)`.
+    pub skb_head: u32,
+    /// `offsetof(struct sk_buff, network_header)` (a `__u16` offset from `head`).
+    pub skb_network_header: u32,
+    /// `offsetof(struct sk_buff, end)`: where `struct skb_shared_info` starts, as an
+    /// offset from `head` (`NET_SKBUFF_DATA_USES_OFFSET`, every 64-bit kernel).
+    pub skb_end: u32,
+    /// `offsetof(struct skb_shared_info, gso_segs)` (a `unsigned short`).
+    pub shinfo_gso_segs: u32,
+    pub reserved: u32,
+}
+
 /// What the programs need to know about the running kernel, read from its BTF and kallsyms
 /// by the loader and written into the object's `.rodata` before load. Nothing here is a
 /// constant of one kernel version.
@@ -117,6 +136,7 @@ pub struct KernelFacts {
     /// The functions that classify a wake, by where they are on its stack.
     pub wake_ranges: [WakeRange; MAX_WAKE_RANGES],
     pub ring: RingFacts,
+    pub packet: PacketFacts,
     /// Number of valid entries in `reader_ranges`.
     pub reader_range_count: u32,
     /// Kernel functions from which `consume_skb` means "the tap reader took this packet".

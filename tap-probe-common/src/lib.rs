@@ -14,12 +14,13 @@ mod names;
 
 pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Requires, Source, Unit};
 pub use events::{EVENTS_RING_BYTES, EventKind, TraceEvent};
-pub use facts::{KernelFacts, RingFacts, TextRange, WakeClass, WakeRange};
+pub use facts::{KernelFacts, PacketFacts, RingFacts, TextRange, WakeClass, WakeRange};
 pub use maps::{
     DEVICE_TUN, DROP_REASON_XMIT_ERROR, Dequeued, DeviceCache, DeviceKey, DeviceSlot, DirectXmit,
-    DirectXmitFrame, DropKey, InFlight, MAX_BULK, MAX_DEVICES, MAX_DIRECT_XMIT_DEPTH,
-    MAX_DROP_KEYS, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, MAX_READER_RANGES, MAX_WAKE_RANGES,
-    OCCUPANCY_BUCKETS, ReaderState, RingSamples, WAKE_STACK_DEPTH,
+    DirectXmitFrame, DropKey, FRAME_MAGIC, FlowKey, FlowState, InFlight, MAX_BULK, MAX_DEVICES,
+    MAX_DIRECT_XMIT_DEPTH, MAX_DROP_KEYS, MAX_FLOWS, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE,
+    MAX_READER_RANGES, MAX_WAKE_RANGES, OCCUPANCY_BUCKETS, ReaderState, RingSamples,
+    WAKE_STACK_DEPTH,
 };
 pub use names::{
     GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SLOW_CONSUMER_NS, MAP_COUNTERS, MAP_DEQUEUED,

@@ -161,3 +161,38 @@ pub struct DirectXmit {
     pub reserved: u32,
     pub frames: [DirectXmitFrame; MAX_DIRECT_XMIT_DEPTH],
 }
+
+/// Flows whose order the programs follow at once (`FLOWS`, an LRU hash: the least recently
+/// seen flow makes room for a new one, and its order is forgotten).
+pub const MAX_FLOWS: u32 = 8192;
+
+/// The project's own UDP frames (`tap-probe load`, the tests) carry, after their 64-bit
+/// sequence number, this magic and a 32-bit flow id, all big-endian: how the programs tell
+/// them from other UDP traffic, whose order they cannot know.
+pub const FRAME_MAGIC: u32 = 0x7470_7271;
+
+/// A flow whose order the programs follow: its device, IPv4 5-tuple and, for the project's
+/// frames, the flow id they carry. Addresses and ports as on the wire (big-endian).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub device: DeviceKey,
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub proto: u32,
+    /// The frame's flow id; 0 for TCP.
+    pub flow: u32,
+    pub reserved: u32,
+}
+
+/// A flow's order so far: the next number the flow would hand over in order.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowState {
+    /// TCP: the IPv4 ID after the last segment taken in order (16 bits, serial arithmetic);
+    /// frames: the sequence number after the last frame taken in order.
+    pub next: u64,
+}

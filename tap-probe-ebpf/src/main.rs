@@ -6,7 +6,7 @@
 //! Each concern is a module: which devices are tracked and where their queues are counted
 //! (`device`), the counters (`counters`), driver calls and drops (`transmit`), reader takes
 //! (`consume`), the queue's stop state (`queue_state`), packets put back by a stopped queue
-//! (`requeue`), wakes by their caller (`wake`), the ring's occupancy (`ring`), and
+//! (`requeue`), packets taken out of their flow's order (`reorder`), wakes by their caller (`wake`), the ring's occupancy (`ring`), and
 //! per-packet events (`events`).
 #![no_std]
 #![no_main]
@@ -26,6 +26,7 @@ mod device;
 mod events;
 mod facts;
 mod queue_state;
+mod reorder;
 mod requeue;
 mod ring;
 mod transmit;

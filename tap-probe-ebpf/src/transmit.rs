@@ -53,6 +53,7 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
         };
     }
     crate::requeue::driver_call(at.slot, skb);
+    crate::reorder::driver_call(skb, at.key);
 }
 
 /// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
@@ -159,6 +160,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         if rc == 0 {
             c.enqueued += 1;
             record(at, EventKind::Enqueued, 0);
+            crate::reorder::taken(c);
         } else {
             c.dropped_other += 1;
             count_reason(ctx, slot, DROP_REASON_XMIT_ERROR);

@@ -145,7 +145,8 @@ enum Group {
 /// that every counter the programs count has one.
 fn group_of(counter: &str) -> Option<Group> {
     Some(match counter {
-        "xmit_calls" | "enqueued" | "busy" => Group::Xmit,
+        // The order is read at the driver call's start and counted at its end.
+        "xmit_calls" | "enqueued" | "busy" | "reordered" | "flows_joined" => Group::Xmit,
         "dropped_full_ring" | "dropped_other" => Group::Drops,
         "consumed" | "reader_sleeps" => Group::Consumed,
         "queue_stops" | "queue_wakes" | "stopped_ns" => Group::QueueState,
@@ -636,7 +637,8 @@ mod tests {
         assert_eq!(
             sources.hooks(),
             "xmit_calls=kprobe, enqueued=kprobe, busy=kprobe, requeued_stopped=tracepoint, \
-             dropped_full_ring=tracepoint, dropped_other=tracepoint, consumed=tracepoint, \
+             dropped_full_ring=tracepoint, dropped_other=tracepoint, reordered=kprobe, \
+             flows_joined=kprobe, consumed=tracepoint, \
              queue_stops=kprobe+tracepoint, queue_wakes=kprobe+tracepoint, wakes_reader=none, \
              wakes_vhost=none, wakes_forced=none, wakes_other=none, wakes_recheck=none, \
              stopped_ns=kprobe+tracepoint, reader_sleeps=tracepoint"

@@ -39,7 +39,7 @@ pub(crate) fn known_names() -> Vec<&'static str> {
 
 /// The load report's numbers, by the names of its JSON; `None` where it measured nothing
 /// (no qdisc counters under noqueue). Every field is named, so a new one cannot be missed.
-fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 13] {
+fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 14] {
     let LoadReport {
         device: _,
         reader: _,
@@ -54,6 +54,7 @@ fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 13] {
         sent,
         enobufs,
         read_by_reader,
+        reordered_by_reader,
         drained,
         kernel_tx_packets,
         kernel_tx_dropped,
@@ -72,6 +73,10 @@ fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 13] {
         ("sent", count(sent)),
         ("enobufs", count(enobufs)),
         ("read_by_reader", count(read_by_reader)),
+        (
+            "reordered_by_reader",
+            reordered_by_reader.map(Number::Count),
+        ),
         ("drained", count(drained)),
         ("kernel_tx_packets", count(kernel_tx_packets)),
         ("kernel_tx_dropped", count(kernel_tx_dropped)),

@@ -1,5 +1,6 @@
 //! `tap-probe load`: bounded traffic through a fresh tap in a private network namespace,
-//! with a reader thread playing the VM, and a report of what got through.
+//! with a reader thread playing the VM, and a report of what got through; or through a veth
+//! pair between two private namespaces (`--topology veth`), UDP frames or TCP streams.
 
 use std::time::Duration;
 
@@ -7,11 +8,43 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cli::{Format, QdiscArg};
 use crate::lab::load::{LoadConfig, ReaderKind, SessionConfig, run_load_with_stop};
+use crate::lab::streams::VethConfig;
+use crate::lab::traffic::SenderConfig;
+use crate::lab::veth_load::{Proto, VethLoadConfig, run_veth_load};
 use crate::os::netlink::RootQdisc;
 use crate::os::signals::Stop;
 
+/// Where the traffic goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Topology {
+    /// A tap with a reader thread playing the VM.
+    #[default]
+    Tap,
+    /// A veth pair whose other end is in a namespace of its own (`tp-snd0` -> `tp-rcv0`).
+    Veth,
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
+    /// Where the traffic goes: a tap (`tap`) or a veth pair between two namespaces (`veth`).
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) topology: Topology,
+    /// What to send: the numbered UDP frames (`udp`) or TCP streams (`tcp`, veth only: TCP
+    /// needs a receiving stack).
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) proto: Proto,
+    /// TCP connections at once (`--proto tcp`).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) streams: u32,
+    /// Nanoseconds the veth peer spends on each packet (an XDP program, threaded NAPI): a
+    /// slow reader that makes veth push back into the qdisc. Unset: the peer takes packets as
+    /// they come.
+    #[arg(long, value_name = "NS")]
+    pub(crate) peer_hold_ns: Option<u64>,
+    /// Turn TCP segmentation offload off on the veth's sending end, so the qdisc path cuts
+    /// TCP's GSO packets into segment lists (the requeue-reordering scenario).
+    #[arg(long)]
+    pub(crate) no_tso: bool,
     /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
     #[arg(long, value_enum)]
     pub(crate) qdisc: Option<QdiscArg>,
@@ -46,6 +79,11 @@ pub(crate) struct Args {
     /// evenly among them.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub(crate) sender_threads: u32,
+    /// Flows each sender spreads its frames over, round-robin; each frame carries its flow
+    /// id and its sequence number in that flow, so the probe and the reader can count the
+    /// frames that came out of order.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) flows: u32,
     /// Frames per sendmmsg call.
     #[arg(long, default_value_t = 64)]
     pub(crate) batch: usize,
@@ -63,6 +101,10 @@ pub(crate) struct Args {
 /// When a step of the run fails or the run is interrupted; everything created is removed
 /// first.
 pub(crate) fn run(args: &Args) -> Result<()> {
+    check_combination(args)?;
+    if args.topology == Topology::Veth {
+        return run_veth(args);
+    }
     let cfg = LoadConfig {
         session: SessionConfig {
             qdisc: args.qdisc.map(RootQdisc::from),
@@ -79,12 +121,71 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         batch: args.batch,
         start_delay: args.start_delay,
         sender_threads: args.sender_threads,
+        flows: args.flows,
     };
     check_capabilities()?;
     let stop = Stop::install()?;
     let report = run_load_with_stop(&cfg, &stop.flag())?;
     if report.interrupted {
         bail!("interrupted; the namespace and the tap were removed");
+    }
+    crate::output::stdout(&match args.format {
+        Format::Json => serde_json::to_string(&report)? + "\n",
+        Format::Table => report.table(),
+    })
+}
+
+/// Refuses options that do not apply to the topology, saying what does.
+fn check_combination(args: &Args) -> Result<()> {
+    match args.topology {
+        Topology::Tap => {
+            if args.proto == Proto::Tcp {
+                bail!("--proto tcp needs a receiving TCP stack: use it with --topology veth");
+            }
+            if args.peer_hold_ns.is_some() || args.no_tso {
+                bail!("--peer-hold-ns and --no-tso set up a veth peer: add --topology veth");
+            }
+        }
+        Topology::Veth => {
+            if args.backpressure || args.reader != ReaderKind::Read || args.reader_pps.is_some() {
+                bail!(
+                    "--backpressure, --reader and --reader-pps set up a tap; with --topology \
+                     veth the peer's pace is --peer-hold-ns"
+                );
+            }
+            if args.tx_queue_len.is_some() {
+                bail!("--tx-queue-len sets a tap's ring; a veth's ring has a fixed size");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `load --topology veth`.
+fn run_veth(args: &Args) -> Result<()> {
+    let cfg = VethLoadConfig {
+        link: VethConfig {
+            qdisc: args.qdisc.map_or(RootQdisc::PfifoFast, RootQdisc::from),
+            tso: !args.no_tso,
+            slow_peer_ns: args.peer_hold_ns,
+        },
+        proto: args.proto,
+        streams: args.streams,
+        sender: SenderConfig {
+            frame_len: args.frame_len,
+            pps: args.pps,
+            batch: args.batch,
+            flows: args.flows,
+            ..SenderConfig::new(0, args.packets, args.duration)
+        },
+        duration: args.duration,
+        start_delay: args.start_delay,
+    };
+    check_capabilities()?;
+    let stop = Stop::install()?;
+    let report = run_veth_load(&cfg, &stop.flag())?;
+    if report.interrupted {
+        bail!("interrupted; the namespaces and the veth pair were removed");
     }
     crate::output::stdout(&match args.format {
         Format::Json => serde_json::to_string(&report)? + "\n",

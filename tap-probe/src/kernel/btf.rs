@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Btf, BtfType, Type};
-use tap_probe_common::{KernelFacts, RingFacts};
+use tap_probe_common::{KernelFacts, PacketFacts, RingFacts};
 
 /// Where the kernel exposes its own BTF.
 pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -69,6 +69,14 @@ pub(crate) fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
         wake_range_count: 0,
         wake_ranges: Default::default(),
         ring: RingFacts::default(),
+        packet: PacketFacts {
+            skb_protocol: offset_of(btf, "sk_buff", &["protocol"])?,
+            skb_head: offset_of(btf, "sk_buff", &["head"])?,
+            skb_network_header: offset_of(btf, "sk_buff", &["network_header"])?,
+            skb_end: offset_of(btf, "sk_buff", &["end"])?,
+            shinfo_gso_segs: offset_of(btf, "skb_shared_info", &["gso_segs"])?,
+            reserved: 0,
+        },
         reader_range_count: 0,
         reader_ranges: Default::default(),
     })

@@ -83,6 +83,8 @@ pub(crate) struct LoadConfig {
     /// evenly among them): several CPUs transmitting into one tap, as several guest
     /// flows or several host applications do.
     pub(crate) sender_threads: u32,
+    /// Flows each sender spreads its frames over (numbered per flow, see `traffic`).
+    pub(crate) flows: u32,
 }
 
 impl Default for LoadConfig {
@@ -96,6 +98,7 @@ impl Default for LoadConfig {
             batch: 64,
             start_delay: Duration::ZERO,
             sender_threads: 1,
+            flows: 1,
         }
     }
 }
@@ -366,6 +369,8 @@ fn read_report(run: RunReport) -> ReadReport {
     ReadReport {
         packets: run.frames,
         bytes: run.bytes,
+        // vhost-net copies the frames into guest buffers the reader does not look into.
+        reordered: 0,
         elapsed: run.elapsed,
     }
 }
@@ -432,6 +437,10 @@ pub(crate) struct LoadReport {
     pub(crate) enobufs: u64,
     /// Frames the reader took while the sender ran.
     pub(crate) read_by_reader: u64,
+    /// Frames the `read` reader took out of their flow's order (`FrameOrder`): after a
+    /// later frame of the same sender and flow. `None` for vhost-net, whose frames land in
+    /// buffers the reader does not parse.
+    pub(crate) reordered_by_reader: Option<u64>,
     /// Frames left in the ring afterwards.
     pub(crate) drained: u64,
     /// Change of the tap's `tx_packets` (tun counts a packet when it is read).
@@ -488,6 +497,11 @@ impl LoadReport {
             ("sent", self.sent.to_string()),
             ("enobufs", self.enobufs.to_string()),
             ("read by reader", self.read_by_reader.to_string()),
+            (
+                "reordered (reader)",
+                self.reordered_by_reader
+                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            ),
             ("drained after", self.drained.to_string()),
             ("kernel tx_packets", self.kernel_tx_packets.to_string()),
             ("kernel tx_dropped", self.kernel_tx_dropped.to_string()),
@@ -587,6 +601,8 @@ pub(crate) fn run_load_observed(
         sent: sent.sent,
         enobufs: sent.enobufs,
         read_by_reader: drained.reader.packets,
+        reordered_by_reader: (cfg.session.reader == ReaderKind::Read)
+            .then_some(drained.reader.reordered),
         drained: drained.drained,
         kernel_tx_packets: drained.link.tx_packets,
         kernel_tx_dropped: drained.link.tx_dropped,
@@ -617,6 +633,7 @@ fn send_with_threads(session: &LoadSession, cfg: &LoadConfig) -> Result<SendRepo
                     deadline: cfg.duration,
                     pps: cfg.pps.map(|pps| share(pps, i).max(1)),
                     batch: cfg.batch,
+                    flows: cfg.flows,
                     stop: None,
                 };
                 scope.spawn(move || session.send(&sender))
@@ -636,7 +653,7 @@ fn send_with_threads(session: &LoadSession, cfg: &LoadConfig) -> Result<SendRepo
     })
 }
 
-fn sleep_unless(duration: Duration, stop: &AtomicBool) {
+pub(crate) fn sleep_unless(duration: Duration, stop: &AtomicBool) {
     let end = crate::lab::pacer::deadline_after(Instant::now(), duration);
     while !stop.load(Ordering::Relaxed) {
         let left = end.saturating_duration_since(Instant::now());

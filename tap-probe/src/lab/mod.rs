@@ -1,5 +1,6 @@
 //! Test rigs: bounded traffic, a tap with a reader playing the VM (`load`, `demo`): a
-//! `read(2)` loop or vhost-net driven from userspace; and a deliberately slow veth peer. The benchmarks and the privileged tests drive them.
+//! `read(2)` loop or vhost-net driven from userspace; a deliberately slow veth peer; and TCP
+//! streams between two namespaces joined by a veth pair. The benchmarks and the privileged tests drive them.
 //!
 //! This is also the library's surface for the privileged integration tests: the rigs, and
 //! the parts of tap-probe they drive (real devices in private namespaces, a watcher
@@ -8,7 +9,9 @@
 pub(crate) mod load;
 pub(crate) mod pacer;
 pub(crate) mod slow_consumer;
+pub(crate) mod streams;
 pub(crate) mod traffic;
+pub(crate) mod veth_load;
 pub(crate) mod vhost;
 
 pub use crate::bpf::backend::{Backend, Sources};
@@ -18,8 +21,11 @@ pub use crate::host::report::{Report, Row, Value};
 pub use crate::host::watcher::Watcher;
 pub use crate::kernel::{KernelInfo, TunBackpressure};
 pub use crate::lab::slow_consumer::SlowConsumer;
+pub use crate::lab::streams::{
+    RECEIVER_DEV, SENDER_DEV, StreamsReport, TcpCounters, VethConfig, VethLink,
+};
 pub use crate::lab::traffic::{
-    Drive, Driven, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
+    Drive, Driven, FrameOrder, ReadReport, ReaderConfig, SendReport, SenderConfig, send,
 };
 pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};

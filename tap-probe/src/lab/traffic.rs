@@ -7,7 +7,9 @@
 //! IPv4 rather than an experimental ethertype (0x88b5) so that whatever reads them - a
 //! guest kernel, tcpdump, a tc or XDP filter - parses them as ordinary traffic and a guest
 //! that receives them discards them without fuss. The payload starts with a big-endian
-//! sequence number.
+//! sequence number, [`FRAME_MAGIC`] and a flow id: the sender spreads its frames over
+//! `flows` flows round-robin, each numbered from 0, so that the probe (`reordered`) and the
+//! reader ([`FrameOrder`]) can tell when a frame came out of its flow's order.
 
 use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd};
 use std::path::Path;
@@ -19,14 +21,19 @@ use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
+use tap_probe_common::FRAME_MAGIC;
+
 use crate::lab::pacer::{Pacer, deadline_after};
 use crate::os::tap::Tap;
 
 const ETH_HDR: usize = 14;
 const IPV4_HDR: usize = 20;
 const UDP_HDR: usize = 8;
-/// The smallest frame that holds the headers and the 8-byte sequence number.
-pub(crate) const MIN_FRAME_LEN: usize = ETH_HDR + IPV4_HDR + UDP_HDR + 8;
+/// Where the payload starts: the sequence number, then the magic and the flow id.
+const PAYLOAD: usize = ETH_HDR + IPV4_HDR + UDP_HDR;
+/// The smallest frame that holds the headers, the 8-byte sequence number, the magic and
+/// the flow id.
+pub(crate) const MIN_FRAME_LEN: usize = PAYLOAD + 16;
 /// The largest frame: an IPv4 datagram is at most 64 KiB. The device MTU usually limits
 /// it further (1514 for a default tap), which the kernel reports as `EMSGSIZE`.
 pub(crate) const MAX_FRAME_LEN: usize = ETH_HDR + 65_535;
@@ -57,6 +64,8 @@ pub struct SenderConfig {
     pub pps: Option<u64>,
     /// Frames per `sendmmsg` call.
     pub batch: usize,
+    /// Flows the frames are spread over, round-robin (at least 1).
+    pub flows: u32,
     /// Stops the sender early when set (Ctrl-C).
     pub stop: Option<Arc<AtomicBool>>,
 }
@@ -71,6 +80,7 @@ impl SenderConfig {
             deadline,
             pps: None,
             batch: 64,
+            flows: 1,
             stop: None,
         }
     }
@@ -109,6 +119,7 @@ pub fn send(cfg: &SenderConfig) -> Result<SendReport> {
     if cfg.pps == Some(0) {
         bail!("a rate of 0 packets per second sends nothing; leave the rate unset for no limit");
     }
+    let flows = u64::from(cfg.flows.max(1));
     let (socket, forced) = packet_socket(cfg.ifindex)?;
     // A batch that stops short hides why (see `send_batch`); the count below takes the
     // message that ended it for a drop, which holds only where the socket's memory cannot
@@ -138,8 +149,7 @@ pub fn send(cfg: &SenderConfig) -> Result<SendReport> {
             n = n.min(usize::try_from(allowed).unwrap_or(usize::MAX));
         }
         for (i, buf) in frames.iter_mut().take(n).enumerate() {
-            let seq = report.attempted + i as u64;
-            buf[MIN_FRAME_LEN - 8..MIN_FRAME_LEN].copy_from_slice(&seq.to_be_bytes());
+            number(buf, report.attempted + i as u64, flows);
         }
         match send_batch(socket.as_fd(), &mut frames[..n]) {
             Ok(sent) => {
@@ -287,7 +297,51 @@ fn setsockopt_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> s
     }
 }
 
-/// One test frame of `len` bytes (`len >= MIN_FRAME_LEN`), sequence number 0.
+/// Numbers `frame` as the `index`th frame sent: flow `index % flows`, sequence number
+/// `index / flows` in that flow.
+fn number(frame: &mut [u8], index: u64, flows: u64) {
+    let flow = u32::try_from(index % flows).unwrap_or(u32::MAX);
+    frame[PAYLOAD..PAYLOAD + 8].copy_from_slice(&(index / flows).to_be_bytes());
+    frame[PAYLOAD + 12..PAYLOAD + 16].copy_from_slice(&flow.to_be_bytes());
+}
+
+/// Frames out of their flow's order, as the reader sees them: RFC 4737's "reordered", a
+/// frame whose sequence number is below the next one its flow expects (one past the
+/// highest seen). The same definition as the probe's `reordered`, so where nothing is lost
+/// between the driver and the reader the two counts are equal.
+#[derive(Debug, Default)]
+pub struct FrameOrder {
+    next: std::collections::HashMap<u32, u64>,
+    /// Frames that came after a later one of their flow.
+    pub reordered: u64,
+    /// Sequence numbers skipped over when a frame came ahead of its flow's next: frames
+    /// that had not arrived yet (later reordered, or lost).
+    pub gaps: u64,
+}
+
+impl FrameOrder {
+    /// Takes one frame as read (Ethernet header first); ignores what is not a test frame.
+    pub fn see(&mut self, frame: &[u8]) {
+        let Some(head) = frame.get(PAYLOAD..PAYLOAD + 16) else {
+            return;
+        };
+        let word =
+            |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+        if word(8) != FRAME_MAGIC {
+            return;
+        }
+        let seq = (u64::from(word(0)) << 32) | u64::from(word(4));
+        let next = self.next.entry(word(12)).or_insert(0);
+        if seq < *next {
+            self.reordered += 1;
+        } else {
+            self.gaps += seq - *next;
+            *next = seq + 1;
+        }
+    }
+}
+
+/// One test frame of `len` bytes (`len >= MIN_FRAME_LEN`), flow 0, sequence number 0.
 #[must_use]
 pub(crate) fn frame(len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len];
@@ -312,6 +366,7 @@ pub(crate) fn frame(len: usize) -> Vec<u8> {
         .copy_from_slice(&(ip_len - u16::try_from(IPV4_HDR).unwrap_or_default()).to_be_bytes());
     // UDP checksum 0 = "not computed", allowed for IPv4 (RFC 768), so the sequence number
     // can change without recomputing anything.
+    f[PAYLOAD + 8..PAYLOAD + 12].copy_from_slice(&FRAME_MAGIC.to_be_bytes());
     f
 }
 
@@ -340,6 +395,8 @@ pub struct ReaderConfig {
 pub struct ReadReport {
     pub packets: u64,
     pub bytes: u64,
+    /// Frames read out of their flow's order ([`FrameOrder`]).
+    pub reordered: u64,
     #[serde(serialize_with = "serialize_secs")]
     pub elapsed: Duration,
 }
@@ -365,6 +422,7 @@ pub(crate) fn read(
     let pacer = cfg.pps.map(|pps| Pacer::new(pps, start));
     let mut buf = vec![0u8; 65_536];
     let mut report = ReadReport::default();
+    let mut order = FrameOrder::default();
     while report.packets < max && !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= end {
@@ -385,11 +443,13 @@ pub(crate) fn read(
             Ok(n) => {
                 report.packets += 1;
                 report.bytes += n as u64;
+                order.see(&buf[..n]);
             }
             Err(Errno::EAGAIN | Errno::EINTR) => {}
             Err(err) => return Err(err).context("reading from the tap queue failed"),
         }
     }
+    report.reordered = order.reordered;
     report.elapsed = start.elapsed();
     Ok(report)
 }
@@ -545,6 +605,24 @@ mod tests {
         assert_eq!(ipv4_checksum(&f[14..34]), 0);
         assert_eq!(u16::from_be_bytes([f[16], f[17]]), 86);
         assert_eq!(u16::from_be_bytes([f[38], f[39]]), 66);
+    }
+
+    #[test]
+    fn frame_order_counts_frames_behind_their_flow() {
+        let mut order = FrameOrder::default();
+        let mut f = frame(MIN_FRAME_LEN);
+        // Two flows, round-robin: indexes 0..8 are seq 0..4 of flows 0 and 1. Flow 0 sees
+        // 0 2 1 3 (one late), flow 1 sees 3 0 1 2 (three late: after 3 every one is behind).
+        for index in [0, 4, 2, 6, 7, 1, 3, 5] {
+            number(&mut f, index, 2);
+            order.see(&f);
+        }
+        assert_eq!(order.reordered, 1 + 3);
+        assert_eq!(order.gaps, 1 + 3);
+        // Not a test frame: ignored.
+        f[PAYLOAD + 8] ^= 1;
+        order.see(&f);
+        assert_eq!(order.reordered, 4);
     }
 
     #[test]

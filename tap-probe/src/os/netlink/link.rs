@@ -1,11 +1,16 @@
-//! Links: listing, looking up, setting up, creating veth pairs.
+//! Links: listing, looking up, setting up, creating veth pairs, adding addresses.
 
-use anyhow::{Result, anyhow};
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result, anyhow};
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, Nla};
-use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoTun, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::Rtnl;
 use super::socket::NetlinkError;
@@ -193,6 +198,60 @@ impl Rtnl {
             RouteNetlinkMessage::NewLink(msg),
             NLM_F_CREATE | NLM_F_EXCL,
             &format!("create veth pair {name}/{peer_name}"),
+        )?;
+        Ok(())
+    }
+
+    /// `ip link add NAME type veth peer name PEER netns NS`: the peer goes straight into
+    /// the namespace whose file is `peer_netns` (`/run/netns/NAME`), where the same name may
+    /// be taken by nothing else.
+    ///
+    /// # Errors
+    /// When the namespace file cannot be opened, a name is taken or the kernel refuses.
+    pub fn add_veth_across(
+        &mut self,
+        name: &str,
+        peer_name: &str,
+        peer_netns: &Path,
+    ) -> Result<()> {
+        let ns = std::fs::File::open(peer_netns)
+            .with_context(|| format!("opening network namespace {}", peer_netns.display()))?;
+        let mut peer = LinkMessage::default();
+        peer.attributes
+            .push(LinkAttribute::IfName(peer_name.to_owned()));
+        peer.attributes.push(LinkAttribute::NetNsFd(ns.as_raw_fd()));
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!(
+                "create veth pair {name}/{peer_name} (peer in {})",
+                peer_netns.display()
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// `ip addr add ADDR/PREFIX dev X`.
+    ///
+    /// # Errors
+    /// When the kernel refuses.
+    pub fn add_address(&mut self, ifindex: u32, addr: Ipv4Addr, prefix_len: u8) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.family = AddressFamily::Inet;
+        msg.header.prefix_len = prefix_len;
+        msg.header.index = ifindex;
+        msg.attributes.push(AddressAttribute::Local(addr.into()));
+        msg.attributes.push(AddressAttribute::Address(addr.into()));
+        self.request(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            &format!("add address {addr}/{prefix_len} to link {ifindex}"),
         )?;
         Ok(())
     }

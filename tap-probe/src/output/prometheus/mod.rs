@@ -214,6 +214,8 @@ mod tests {
                 busy: 1,
                 dropped_full_ring: 2,
                 dropped_other: 0,
+                reordered: 5,
+                flows_joined: 0,
                 consumed: 6,
                 queue_stops: 1,
                 queue_wakes: 1,
@@ -340,6 +342,12 @@ tap_probe_dropped_full_ring_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap
 # HELP tap_probe_dropped_other_total Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).
 # TYPE tap_probe_dropped_other_total counter
 tap_probe_dropped_other_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_reordered_total Packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).
+# TYPE tap_probe_reordered_total counter
+tap_probe_reordered_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 5
+# HELP tap_probe_flows_joined_total Flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.
+# TYPE tap_probe_flows_joined_total counter
+tap_probe_flows_joined_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
 # HELP tap_probe_consumed_total Packets the reader took out of the ring.
 # TYPE tap_probe_consumed_total counter
 tap_probe_consumed_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6
