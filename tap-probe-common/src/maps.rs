@@ -138,6 +138,12 @@ pub struct Dequeued {
     /// How many of `skbs`, in order, reached a driver call.
     pub seen: u32,
     pub skbs: [u64; MAX_BULK],
+    /// Per packet, the segments software GSO makes of it before the driver
+    /// (`skb_shinfo(skb)->gso_segs`; 0 or 1 for a packet that is no GSO packet).
+    pub segs: [u16; MAX_BULK],
+    pub reserved: u16,
+    /// Driver calls with other skbs since `skbs[seen]` became the next one: its segments.
+    pub calls: u32,
 }
 
 /// An `sch_direct_xmit` in progress on a CPU: where its packets go, how many it was handed,

@@ -12,7 +12,11 @@
 //! - the `qdisc:qdisc_dequeue` tracepoint: the packets of each dequeue are followed to the
 //!   driver; those that did not reach it before the queue's next dequeue were put back.
 //!   Exact for dequeued packets, blind to a bypass packet put back (it was never
-//!   dequeued), so this count may be short by those.
+//!   dequeued), so this count may be short by those. A packet segmented in software
+//!   before the driver (GSO without the device's offload) reaches it as `gso_segs` new
+//!   skbs, which are counted as its arrival; put back after some of its segments went, it
+//!   counts once where the qdisc counts each segment it got back, so under software GSO
+//!   `busy + requeued_stopped` can be below the qdisc's requeues, never above.
 
 use aya_ebpf::{
     macros::{kprobe, kretprobe, map, raw_tracepoint},
@@ -53,9 +57,38 @@ pub(crate) fn driver_call(slot: u32, skb: u64) {
     // qdisc's running state.
     let q = unsafe { &mut *q };
     let seen = q.seen as usize;
-    if seen < MAX_BULK && q.seen < q.packets && q.skbs[seen] == skb {
-        q.seen += 1;
+    if q.seen >= q.packets || seen >= MAX_BULK {
+        return;
     }
+    if q.skbs[seen] == skb {
+        q.seen += 1;
+        q.calls = 0;
+    } else if seen + 1 < MAX_BULK && q.seen + 1 < q.packets && q.skbs[seen + 1] == skb {
+        // The one before reached the driver in another form.
+        q.seen += 2;
+        q.calls = 0;
+    } else {
+        // A segment: software GSO (`validate_xmit_skb`) hands the driver new skbs, as many
+        // as the packet's `gso_segs`. Nothing else reaches this queue's driver before the
+        // next dequeue: the qdisc is running, so no packet bypasses it.
+        q.calls += 1;
+        if q.calls >= u32::from(q.segs[seen]).max(1) {
+            q.seen += 1;
+            q.calls = 0;
+        }
+    }
+}
+
+/// `skb_shinfo(skb)->gso_segs`: the segments software GSO would make of `skb`.
+#[inline(always)]
+fn gso_segs(skb: u64) -> u16 {
+    let (Some(head), Some(end)) = (
+        read::<u64>(skb, fact!(packet.skb_head)),
+        read::<u32>(skb, fact!(packet.skb_end)),
+    ) else {
+        return 0;
+    };
+    read(head + u64::from(end), fact!(packet.shinfo_gso_segs)).unwrap_or(0)
 }
 
 /// Packets chained from `skb` through `skb->next`, at most `MAX_BULK`.
@@ -174,10 +207,12 @@ pub(crate) fn dequeue_pairs(ctx: RawTracePointContext) -> i32 {
     let followed = packets.clamp(1, BULK);
     q.packets = followed;
     q.seen = 0;
+    q.calls = 0;
     let mut p = skb;
     let mut n = 0;
-    for slot in &mut q.skbs {
+    for (slot, segs) in q.skbs.iter_mut().zip(q.segs.iter_mut()) {
         *slot = p;
+        *segs = gso_segs(p);
         n += 1;
         if n >= followed {
             break;
