@@ -36,13 +36,14 @@ pub use launch::{AccelChoice, Booted, Launcher};
 pub use qemu::{Outcome, Sink, Verdict};
 
 /// Modules a guest loads where its kernel builds them as modules: the devices tap-probe
-/// measures, vhost-net (a tap's in-kernel reader) and the qdiscs tap-probe's scenarios and
+/// measures (macvtap too, which it watches on request), vhost-net (a tap's in-kernel reader) and the qdiscs tap-probe's scenarios and
 /// tests put in front of them. Their dependencies (`vhost`, `vhost_iotlb`, ...) come along;
 /// those built into the kernel are skipped, and those a kernel lacks are reported.
 pub const MODULES: &[&str] = &[
     "tun",
     "tap",
     "veth",
+    "macvtap",
     "vhost_net",
     "sch_fq_codel",
     "sch_tbf",
