@@ -10,7 +10,7 @@ use aya_ebpf::{
 use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS, MAX_READER_RANGES, ReaderState};
 
 use crate::counters::counters;
-use crate::device::locate;
+use crate::device::locate_skb;
 use crate::events::record;
 use crate::facts::{KERNEL, fact, read};
 
@@ -32,10 +32,7 @@ fn freed_after_use(skb: u64, location: u64) {
     let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
         return;
     };
-    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
-        return;
-    };
-    let Some(at) = locate(dev, queue) else {
+    let Some(at) = locate_skb(dev, skb) else {
         return;
     };
     if let Some(c) = counters(at.slot) {

@@ -27,9 +27,12 @@ pub(crate) struct At {
     pub(crate) queue: u16,
     /// `DeviceCache::flags`.
     pub(crate) flags: u32,
+    /// The queue's `netdev_queue`.
+    pub(crate) txq: u64,
 }
 
-/// The tracked device at `dev`, through this CPU's one-entry cache.
+/// The tracked device at `dev`, through this CPU's one-entry cache: on a hit, one read
+/// (`ifindex`) and a comparison decide, which is all an untracked device costs.
 #[inline(always)]
 fn device(dev: u64) -> Option<DeviceCache> {
     let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
@@ -44,9 +47,15 @@ fn device(dev: u64) -> Option<DeviceCache> {
         let key = DeviceKey { netns, ifindex };
         // SAFETY: the value is copied out before any other map operation.
         let slot = unsafe { DEVICES.get(key) }.copied().unwrap_or_default();
+        let tx = if slot.queues == 0 {
+            0
+        } else {
+            read(dev, fact!(dev_tx))?
+        };
         *cache = DeviceCache {
             dev,
             generation,
+            tx,
             key,
             base: slot.base,
             queues: slot.queues,
@@ -71,15 +80,35 @@ fn tun_checked(dev: u64, slot_flags: u32) -> u32 {
     }
 }
 
-/// Where `queue` of the `net_device` at `dev` is counted, if that device is tracked.
+/// Queue `queue` of the tracked device `d`.
 #[inline(always)]
-pub(crate) fn locate(dev: u64, queue: u16) -> Option<At> {
-    let d = device(dev)?;
+fn at(d: &DeviceCache, queue: u16) -> Option<At> {
     // The loader sizes each device by its num_tx_queues, which bounds queue_mapping.
     (u32::from(queue) < d.queues).then_some(At {
         key: d.key,
         slot: d.base + u32::from(queue),
         queue,
         flags: d.flags,
+        txq: d.tx + u64::from(queue) * u64::from(fact!(txq_size)),
     })
+}
+
+/// Where the packet `skb` on the `net_device` at `dev` is counted, if that device is
+/// tracked: the device is looked at first, so an untracked one costs no read of `skb`.
+#[inline(always)]
+pub(crate) fn locate_skb(dev: u64, skb: u64) -> Option<At> {
+    let d = device(dev)?;
+    at(&d, read(skb, fact!(skb_queue_mapping))?)
+}
+
+/// Where the `netdev_queue` at `txq` of the `net_device` at `dev` is counted, if that device
+/// is tracked.
+#[inline(always)]
+pub(crate) fn locate_txq(dev: u64, txq: u64) -> Option<At> {
+    let d = device(dev)?;
+    let size = u64::from(fact!(txq_size));
+    if size == 0 || txq < d.tx {
+        return None;
+    }
+    at(&d, u16::try_from((txq - d.tx) / size).ok()?)
 }

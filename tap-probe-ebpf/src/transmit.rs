@@ -11,10 +11,10 @@ use aya_log_ebpf::debug;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
 
 use crate::counters::{count_reason, counters};
-use crate::device::{At, locate};
+use crate::device::{At, locate_skb};
 use crate::events::record;
-use crate::facts::{fact, read};
-use crate::queue_state::{observe_queue, txq_of};
+use crate::facts::fact;
+use crate::queue_state::observe_queue;
 
 /// The driver call in flight on this CPU, between its start and its end.
 #[map]
@@ -23,10 +23,7 @@ static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
 /// A driver call begins: remember it for this CPU.
 #[inline(always)]
 fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
-    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
-        return;
-    };
-    let Some(at) = locate(dev, queue) else {
+    let Some(at) = locate_skb(dev, skb) else {
         return;
     };
     if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
@@ -44,9 +41,10 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
         *f = InFlight {
             skb,
             dev,
+            txq: at.txq,
             key: at.key,
             slot: at.slot,
-            queue,
+            queue: at.queue,
             dropped: 0,
             flags: at.flags,
             reserved: 0,
@@ -98,6 +96,7 @@ pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
         slot: f.slot,
         queue: f.queue,
         flags: f.flags,
+        txq: f.txq,
     };
     let Some(c) = counters(at.slot) else {
         return 0;
@@ -127,6 +126,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
     }
     let InFlight {
         dev,
+        txq,
         key,
         slot,
         queue,
@@ -140,6 +140,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         slot,
         queue,
         flags,
+        txq,
     };
     let Some(c) = counters(slot) else {
         return;
@@ -165,9 +166,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
             record(at, EventKind::DroppedOther, DROP_REASON_XMIT_ERROR);
         }
     }
-    if let Some(txq) = txq_of(dev, queue) {
-        observe_queue(txq, at);
-    }
+    observe_queue(at);
     crate::ring::sample(dev, at);
 }
 
