@@ -115,13 +115,15 @@ fn the_vhost_reader_accounts_for_every_frame() {
     }
     let dir = tempfile::tempdir().unwrap();
     let flag = tap_probe::lab::tun_has_backpressure().unwrap();
-    // Every frame sent is read by vhost-net, dropped at the ring or by the qdisc; vhost-net's
-    // takes are counted where tun counts tx_packets.
+    // Every frame sent is read by vhost-net, dropped at the ring or by the qdisc, or still
+    // held by the qdisc behind a queue that vhost-net never woke (a tun that stops its
+    // queue with a vhost-net that does not wake it); vhost-net's takes are counted where
+    // tun counts tx_packets.
     let mut spec = format!(
         "[[scenario]]\nname = \"vhost, no flag\"\nqdisc = \"fq-codel\"\nreader = \"vhost\"\n\
          {SLOW}expect = [\"consumed == kernel_tx_packets\", \
          \"dropped_full_ring == kernel_tx_dropped\", \
-         \"consumed + dropped_full_ring + qdisc_drops == sent\"]\n"
+         \"consumed + dropped_full_ring + qdisc_drops + qdisc_backlog == sent\"]\n"
     );
     if flag {
         let _ = write!(

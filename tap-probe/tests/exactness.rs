@@ -377,9 +377,11 @@ fn reader_sleeps_match_the_readers_context_switches() {
             }
             Ok((reads, last - first.unwrap_or(last)))
         });
+        // Slow enough that the reader waits on an empty ring between frames, also where the
+        // kernel runs emulated.
         let cfg = SenderConfig {
             batch: 1,
-            pps: Some(2_000),
+            pps: Some(2_000 / u64::from(common::slowdown())),
             ..SenderConfig::new(tap.ifindex(), PACED_FRAMES, Duration::from_secs(20))
         };
         let sent = run_in(ns.path(), || lab::send(&cfg)).unwrap();

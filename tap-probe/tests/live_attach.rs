@@ -7,14 +7,18 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tap_probe::lab::{Drive, Filter, ReaderConfig, RootQdisc, SenderConfig};
 
 /// The load: paced, with a reader slower than the sender so that the ring fills and drops
-/// too, for this long; the watchers attach in its middle.
+/// too. It runs this long before the watchers attach, and after they have attached for as
+/// long as they refresh (attaching takes seconds in a slow guest), then stops.
 const LOAD: Duration = Duration::from_secs(4);
+/// The bound on the whole load, however slow attaching is.
+const LOAD_BOUND: Duration = Duration::from_mins(2);
 
 #[test]
 fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
@@ -28,6 +32,7 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
         netns: Some(ns.name().to_owned()),
     };
     let attached = AtomicBool::new(false);
+    let stop = Arc::new(AtomicBool::new(false));
     let mut watchers = std::thread::scope(|s| {
         let load = s.spawn(|| {
             Drive {
@@ -36,11 +41,12 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
                 sender: SenderConfig {
                     batch: 1,
                     pps: Some(6_000),
-                    ..SenderConfig::new(0, u64::MAX, LOAD)
+                    stop: Some(Arc::clone(&stop)),
+                    ..SenderConfig::new(0, u64::MAX, LOAD_BOUND)
                 },
                 reader: ReaderConfig {
                     pps: Some(4_000),
-                    deadline: LOAD,
+                    deadline: LOAD_BOUND,
                     max_packets: None,
                 },
                 queues: 1,
@@ -69,6 +75,11 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
                 assert!(off <= row.kernel.skew, "{backend:?}: {row:#?}");
             }
         }
+        assert!(
+            !load.is_finished(),
+            "the load ended before the watchers were done"
+        );
+        stop.store(true, Ordering::Relaxed);
         let driven = load.join().unwrap();
         eprintln!("sent {:?}, drained {:?}", driven.sent, driven.drained);
         assert!(

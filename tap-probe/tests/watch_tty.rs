@@ -100,7 +100,10 @@ impl Pty {
     /// output ends when the command does.
     fn spawn(&mut self, command: &mut Command) -> ChildGuard {
         let slave = self.slave.take().unwrap();
+        // This side interprets the cursor movements of a common terminal, whatever TERM the
+        // test runs with (a guest's serial console is `dumb`).
         command
+            .env("TERM", "xterm-256color")
             .stdin(Stdio::from(slave.try_clone().unwrap()))
             .stdout(Stdio::from(slave.try_clone().unwrap()))
             .stderr(Stdio::from(slave));

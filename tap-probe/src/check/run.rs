@@ -39,7 +39,7 @@ pub(crate) fn known_names() -> Vec<&'static str> {
 
 /// The load report's numbers, by the names of its JSON; `None` where it measured nothing
 /// (no qdisc counters under noqueue). Every field is named, so a new one cannot be missed.
-fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 12] {
+fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 13] {
     let LoadReport {
         device: _,
         reader: _,
@@ -59,6 +59,7 @@ fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 12] {
         kernel_tx_dropped,
         qdisc_drops,
         qdisc_requeues,
+        qdisc_backlog,
         elapsed_secs,
         sender_pps,
         delivered_pps,
@@ -76,6 +77,7 @@ fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 12] {
         ("kernel_tx_dropped", count(kernel_tx_dropped)),
         ("qdisc_drops", qdisc_drops.map(Number::Count)),
         ("qdisc_requeues", qdisc_requeues.map(Number::Count)),
+        ("qdisc_backlog", qdisc_backlog.map(Number::Count)),
         ("elapsed_secs", Some(Number::Real(*elapsed_secs))),
         ("sender_pps", Some(Number::Real(*sender_pps))),
         ("delivered_pps", Some(Number::Real(*delivered_pps))),

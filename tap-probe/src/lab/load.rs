@@ -440,6 +440,9 @@ pub(crate) struct LoadReport {
     pub(crate) kernel_tx_dropped: u64,
     pub(crate) qdisc_drops: Option<u64>,
     pub(crate) qdisc_requeues: Option<u64>,
+    /// Packets still in the qdisc after the drain: held by a queue that stayed stopped (a
+    /// reader that never woke it), as the qdisc's `qlen` reports them.
+    pub(crate) qdisc_backlog: Option<u64>,
     /// Seconds spent sending.
     pub(crate) elapsed_secs: f64,
     /// `sent / elapsed`.
@@ -490,6 +493,7 @@ impl LoadReport {
             ("kernel tx_dropped", self.kernel_tx_dropped.to_string()),
             ("qdisc drops", opt(self.qdisc_drops)),
             ("qdisc requeues", opt(self.qdisc_requeues)),
+            ("qdisc backlog", opt(self.qdisc_backlog)),
             ("elapsed", format!("{:.3} s", self.elapsed_secs)),
             ("sender pps", format!("{:.0}", self.sender_pps)),
             ("delivered pps", format!("{:.0}", self.delivered_pps)),
@@ -588,6 +592,7 @@ pub(crate) fn run_load_observed(
         kernel_tx_dropped: drained.link.tx_dropped,
         qdisc_drops: drained.qdisc.as_ref().map(|q| q.drops),
         qdisc_requeues: drained.qdisc.as_ref().map(|q| q.requeues),
+        qdisc_backlog: drained.qdisc.as_ref().map(|q| u64::from(q.qlen)),
         elapsed_secs: secs,
         sender_pps: per_sec(sent.sent),
         delivered_pps: per_sec(drained.reader.packets),

@@ -114,12 +114,13 @@ impl Output {
         self.shown.borrow_mut().gone.keep(report);
     }
 
-    /// The window's width and height, or the width asked for when stdout is no terminal.
+    /// The window's width, and its height where frames are redrawn in place; the width
+    /// asked for (`$COLUMNS`) when stdout is no terminal or one of unknown size (a serial
+    /// line). A terminal that cannot redraw (`TERM=dumb`) still has a width to fit.
     fn size(&self) -> (Option<usize>, Option<usize>) {
-        if self.terminal {
-            term::size(&std::io::stdout()).map_or((None, None), |(w, h)| (Some(w), Some(h)))
-        } else {
-            (term::columns_env(), None)
+        match term::size(&std::io::stdout()) {
+            Some((width, height)) => (Some(width), self.terminal.then_some(height)),
+            None => (term::columns_env(), None),
         }
     }
 

@@ -6,6 +6,7 @@
 mod draw;
 pub(crate) mod state;
 
+use std::io::IsTerminal as _;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -29,12 +30,19 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// Checks that the full-screen view can run here.
 ///
 /// # Errors
-/// When stdout is not a terminal.
+/// When stdout is not a terminal, or one that cannot move the cursor (`TERM=dumb`).
 pub(crate) fn check() -> anyhow::Result<()> {
-    if !crate::output::term::interactive(&std::io::stdout()) {
+    let stdout = std::io::stdout();
+    if !stdout.is_terminal() {
         bail!(
             "--tui needs a terminal on stdout; without one, watch prints the compact table \
              (or use --format json)"
+        );
+    }
+    if !crate::output::term::interactive(&stdout) {
+        bail!(
+            "--tui needs a terminal that can move the cursor, and TERM is `dumb` here; set \
+             TERM to the terminal's type, or leave out --tui for the compact table"
         );
     }
     Ok(())
