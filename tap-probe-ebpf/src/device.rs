@@ -31,17 +31,23 @@ pub(crate) struct At {
     pub(crate) txq: u64,
 }
 
-/// The tracked device at `dev`, through this CPU's one-entry cache: on a hit, one read
-/// (`ifindex`) and a comparison decide, which is all an untracked device costs.
+/// The tracked device at `dev`, through this CPU's one-entry cache. An untracked device
+/// that hits the cache costs two comparisons: a device that becomes tracked bumps the
+/// generation. A tracked one is also checked to still have its ifindex, since its memory
+/// may be another device's before the loader has seen it go.
 #[inline(always)]
 fn device(dev: u64) -> Option<DeviceCache> {
-    let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
     let generation = GENERATION.get(0).copied().unwrap_or(0);
     let cache = DEVICE_CACHE.get_ptr_mut(0)?;
     // SAFETY: per-CPU; the programs sharing it do not interleave on one CPU mid-update
     // (and a torn entry would fail the checks below and be refilled).
     let cache = unsafe { &mut *cache };
-    if cache.dev != dev || cache.generation != generation || cache.key.ifindex != ifindex {
+    let hit = cache.dev == dev && cache.generation == generation;
+    if hit && cache.queues == 0 {
+        return None;
+    }
+    let ifindex: u32 = read(dev, fact!(dev_ifindex))?;
+    if !hit || cache.key.ifindex != ifindex {
         let net: u64 = read(dev, fact!(dev_net))?;
         let netns: u32 = read(net, fact!(net_inum))?;
         let key = DeviceKey { netns, ifindex };

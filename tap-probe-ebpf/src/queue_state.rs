@@ -2,16 +2,16 @@
 //! every driver call and at every qdisc dequeue.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
     macros::{map, raw_tracepoint},
     maps::Array,
     programs::RawTracePointContext,
 };
 use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS};
 
+use crate::clock::Clock;
 use crate::counters::counters;
 use crate::device::{At, locate_txq};
-use crate::events::record;
+use crate::events::record_at;
 use crate::facts::{fact, read};
 
 /// Per queue slot: 0 while the queue runs, `since_ns | 1` while it is stopped.
@@ -26,7 +26,7 @@ static QUEUE_STATE: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
 /// Compares the `DRV_XOFF` bit of `at`'s queue with what was last seen for it and counts
 /// the transition, if any.
 #[inline(always)]
-pub(crate) fn observe_queue(at: At) {
+pub(crate) fn observe_queue(at: At, clock: &mut Clock) {
     let Some(state) = read::<u64>(at.txq, fact!(txq_state)) else {
         return;
     };
@@ -40,18 +40,18 @@ pub(crate) fn observe_queue(at: At) {
         return;
     }
     let Some(c) = counters(at.slot) else { return };
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = clock.now();
     if stopped {
         unsafe { *seen = now | 1 };
         c.queue_stops += 1;
-        record(at, EventKind::QueueStop, 0);
+        record_at(at, EventKind::QueueStop, 0, clock);
     } else {
         unsafe { *seen = 0 };
         c.queue_wakes += 1;
         c.stopped_ns += now.saturating_sub(since & !1);
         // Where the wake kprobe runs, it records the wake itself, at the moment it happens.
         if !crate::wake::records_wakes() {
-            record(at, EventKind::QueueWake, 0);
+            record_at(at, EventKind::QueueWake, 0, clock);
         }
     }
 }
@@ -65,7 +65,7 @@ pub(crate) fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
         return 0;
     };
     if let Some(at) = locate_txq(dev, txq) {
-        observe_queue(at);
+        observe_queue(at, &mut Clock::new());
     }
     0
 }

@@ -10,9 +10,10 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
 
+use crate::clock::Clock;
 use crate::counters::{count_reason, counters};
 use crate::device::{At, locate_skb};
-use crate::events::record;
+use crate::events::{record, record_at};
 use crate::facts::fact;
 use crate::queue_state::observe_queue;
 
@@ -146,6 +147,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         return;
     };
     c.xmit_calls += 1;
+    let mut clock = Clock::new();
     // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, a NET_XMIT_* code (tun answers a drop
     // with NET_XMIT_DROP), or a negative errno some drivers pass up.
     #[expect(
@@ -155,19 +157,24 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
     let rc = rc as u32;
     if rc == fact!(tx_busy) {
         c.busy += 1;
-        record(at, EventKind::Busy, 0);
+        record_at(at, EventKind::Busy, 0, &mut clock);
     } else if dropped == 0 {
         if rc == 0 {
             c.enqueued += 1;
-            record(at, EventKind::Enqueued, 0);
+            record_at(at, EventKind::Enqueued, 0, &mut clock);
         } else {
             c.dropped_other += 1;
             count_reason(ctx, slot, DROP_REASON_XMIT_ERROR);
-            record(at, EventKind::DroppedOther, DROP_REASON_XMIT_ERROR);
+            record_at(
+                at,
+                EventKind::DroppedOther,
+                DROP_REASON_XMIT_ERROR,
+                &mut clock,
+            );
         }
     }
-    observe_queue(at);
-    crate::ring::sample(dev, at);
+    observe_queue(at, &mut clock);
+    crate::ring::sample(dev, at, &mut clock);
 }
 
 /// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.
