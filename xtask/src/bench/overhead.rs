@@ -12,7 +12,8 @@
 //!
 //! After the rounds, one more run of B with `--program-stats` gives what each program
 //! costs as the kernel measures it: with the tap, the sum of the means of the programs that
-//! run per packet; with the other traffic, the mean over all the programs' runs.
+//! run per packet; with the other traffic, the mean over all the programs' runs, and
+//! whether they ran at least once per datagram sent.
 
 use std::fmt;
 use std::path::Path;
@@ -105,6 +106,9 @@ struct Costs {
     ns_per_packet: Option<f64>,
     /// With the other traffic: the mean ns of a program run, over all runs.
     mean_ns_per_run: Option<f64>,
+    /// Runs of the most-run program per packet sent: at least 1 when the programs saw
+    /// every packet (a stream that bypassed them would make its cost look nil).
+    runs_per_sent: Option<f64>,
 }
 
 impl Costs {
@@ -132,11 +136,13 @@ impl Costs {
             .sum();
         let runs: u64 = each.iter().map(|&(_, runs, _)| runs).sum();
         let ns: u64 = each.iter().map(|&(_, runs, ns)| runs * ns).sum();
+        let most = each.iter().map(|&(_, runs, _)| runs).max().unwrap_or(0);
         Self {
             programs,
             sent,
             ns_per_packet: (sent > 0).then_some(per_packet),
             mean_ns_per_run: (runs > 0).then(|| ns as f64 / runs as f64),
+            runs_per_sent: (sent > 0).then(|| most as f64 / sent as f64),
         }
     }
 }
@@ -250,6 +256,11 @@ fn goals(
         }
         Traffic::Other => vec![
             Goal::at_least(
+                "the programs ran on every datagram: runs of the most-run program / sent >= 1",
+                costs.and_then(|c| c.runs_per_sent),
+                1.0,
+            ),
+            Goal::at_least(
                 format!("tap-probe/probe-off >= {GOAL_MIN_RATIO_OTHER} (traffic not watched)"),
                 tap_probe_ratio,
                 GOAL_MIN_RATIO_OTHER,
@@ -260,5 +271,37 @@ fn goals(
                 GOAL_MAX_NS_OTHER,
             ),
         ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::Costs;
+
+    #[test]
+    fn costs_sum_the_per_packet_programs_and_average_over_all_runs() {
+        let programs = json!([
+            {"program": "net_dev_start_xmit", "runs": 1000, "mean_ns": 50},
+            {"program": "net_dev_xmit", "runs": 1000, "mean_ns": 100},
+            {"program": "consume_skb", "runs": 900, "mean_ns": 150},
+            // Runs on fewer than 1 packet in 100: not per packet.
+            {"program": "qdisc_dequeue", "runs": 9, "mean_ns": 2000},
+        ]);
+        let costs = Costs::new(programs, 1000);
+        assert_eq!(costs.ns_per_packet, Some(300.0));
+        let mean = costs.mean_ns_per_run.unwrap();
+        let expected = (50_000.0 + 100_000.0 + 135_000.0 + 18_000.0) / 2909.0;
+        assert!((mean - expected).abs() < 1e-9, "{mean} != {expected}");
+        assert_eq!(costs.runs_per_sent, Some(1.0));
+    }
+
+    #[test]
+    fn costs_of_nothing_sent_are_not_measured() {
+        let costs = Costs::new(json!([]), 0);
+        assert_eq!(costs.ns_per_packet, None);
+        assert_eq!(costs.mean_ns_per_run, None);
+        assert_eq!(costs.runs_per_sent, None);
     }
 }
