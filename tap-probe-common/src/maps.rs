@@ -83,6 +83,8 @@ pub struct DropKey {
 pub struct InFlight {
     pub skb: u64,
     pub dev: u64,
+    /// The `netdev_queue` of the call.
+    pub txq: u64,
     pub key: DeviceKey,
     pub slot: u32,
     pub queue: u16,
@@ -94,13 +96,16 @@ pub struct InFlight {
 }
 
 /// The last device a CPU looked up, so consecutive packets of one device skip the hash
-/// lookup and two of the three reads behind it. Valid while `generation` is current and
-/// the device at `dev` still has `key.ifindex` (ifindexes are not reused at once).
+/// lookup and the reads behind it. Valid while `generation` is current and the device at
+/// `dev` still has `key.ifindex` (ifindexes are not reused at once).
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default)]
 pub struct DeviceCache {
     pub dev: u64,
     pub generation: u64,
+    /// The device's `_tx`, its array of `netdev_queue`s (allocated with the device, fixed for
+    /// its lifetime: `alloc_netdev_mqs`, `net/core/dev.c`); 0 in a negative entry.
+    pub tx: u64,
     pub key: DeviceKey,
     pub base: u32,
     /// 0 when the device is not tracked (a negative entry).
@@ -109,6 +114,10 @@ pub struct DeviceCache {
     /// not point back at it (checked once per fill).
     pub flags: u32,
     pub reserved: u32,
+    /// `dev` and `generation` again, written last: an entry whose seal does not match them
+    /// was torn by a program that interrupted its update, and is refilled.
+    pub sealed_dev: u64,
+    pub sealed_generation: u64,
 }
 
 /// Samples of one queue's ring occupancy on one CPU, since tracking began.

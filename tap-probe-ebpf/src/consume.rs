@@ -9,9 +9,10 @@ use aya_ebpf::{
 };
 use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS, MAX_READER_RANGES, ReaderState};
 
+use crate::clock::Clock;
 use crate::counters::counters;
-use crate::device::locate;
-use crate::events::record;
+use crate::device::locate_skb;
+use crate::events::record_at;
 use crate::facts::{KERNEL, fact, read};
 
 /// Per queue slot: its reader at the last take. Shared between CPUs without atomics: a
@@ -32,18 +33,16 @@ fn freed_after_use(skb: u64, location: u64) {
     let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
         return;
     };
-    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
+    let Some(at) = locate_skb(dev, skb) else {
         return;
     };
-    let Some(at) = locate(dev, queue) else {
-        return;
-    };
+    let mut clock = Clock::new();
     if let Some(c) = counters(at.slot) {
         c.consumed += 1;
         c.reader_sleeps += reader_sleeps_since_last_take(at.slot);
-        record(at, EventKind::Consumed, 0);
+        record_at(at, EventKind::Consumed, 0, &mut clock);
     }
-    crate::ring::sample(dev, at);
+    crate::ring::sample(dev, at, &mut clock);
 }
 
 /// Called in the reader's context at each take: how many times the current thread slept

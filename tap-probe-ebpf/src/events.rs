@@ -3,12 +3,14 @@
 //! silently.
 
 use aya_ebpf::{
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    bindings::BPF_RB_NO_WAKEUP,
+    helpers::bpf_get_smp_processor_id,
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
 use tap_probe_common::{EVENTS_RING_BYTES, EventKind, TraceEvent};
 
+use crate::clock::Clock;
 use crate::device::At;
 
 /// 1 when `tap-probe record` wants per-packet events; set by the loader.
@@ -25,11 +27,17 @@ static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// Emits a per-packet event when recording.
 #[inline(always)]
 pub(crate) fn record(at: At, kind: EventKind, reason: u32) {
+    record_at(at, kind, reason, &mut Clock::new());
+}
+
+/// Emits a per-packet event when recording, at the time `clock` tells.
+#[inline(always)]
+pub(crate) fn record_at(at: At, kind: EventKind, reason: u32, clock: &mut Clock) {
     if unsafe { core::ptr::read_volatile(&raw const RECORD_EVENTS) } == 0 {
         return;
     }
     let event = TraceEvent {
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: clock.now(),
         netns: at.key.netns,
         ifindex: at.key.ifindex,
         queue: at.queue,
@@ -40,7 +48,12 @@ pub(crate) fn record(at: At, kind: EventKind, reason: u32) {
         reason,
         reserved: 0,
     };
-    if EVENTS.output::<TraceEvent>(&event, 0).is_err()
+    // No wakeup: the recorder polls the ring (`cmd/record.rs`), and a wakeup each time the
+    // ring was empty costs an interrupt on the sending CPU (`bpf_ringbuf_output`,
+    // `kernel/bpf/ringbuf.c`).
+    if EVENTS
+        .output::<TraceEvent>(&event, u64::from(BPF_RB_NO_WAKEUP))
+        .is_err()
         && let Some(lost) = EVENTS_LOST.get_ptr_mut(0)
     {
         // SAFETY: per-CPU.

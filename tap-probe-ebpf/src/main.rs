@@ -20,6 +20,7 @@
 // The program macros hand each program its context by value.
 #![expect(clippy::needless_pass_by_value, reason = "see above")]
 
+mod clock;
 mod consume;
 mod counters;
 mod device;

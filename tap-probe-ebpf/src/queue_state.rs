@@ -2,16 +2,16 @@
 //! every driver call and at every qdisc dequeue.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
     macros::{map, raw_tracepoint},
     maps::Array,
     programs::RawTracePointContext,
 };
 use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS};
 
+use crate::clock::Clock;
 use crate::counters::counters;
-use crate::device::{At, locate};
-use crate::events::record;
+use crate::device::{At, locate_txq};
+use crate::events::record_at;
 use crate::facts::{fact, read};
 
 /// Per queue slot: 0 while the queue runs, `since_ns | 1` while it is stopped.
@@ -23,11 +23,11 @@ use crate::facts::{fact, read};
 #[map]
 static QUEUE_STATE: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
 
-/// Compares the `DRV_XOFF` bit of the queue at `txq` with what was last seen for it and
-/// counts the transition, if any.
+/// Compares the `DRV_XOFF` bit of `at`'s queue with what was last seen for it and counts
+/// the transition, if any.
 #[inline(always)]
-pub(crate) fn observe_queue(txq: u64, at: At) {
-    let Some(state) = read::<u64>(txq, fact!(txq_state)) else {
+pub(crate) fn observe_queue(at: At, clock: &mut Clock) {
+    let Some(state) = read::<u64>(at.txq, fact!(txq_state)) else {
         return;
     };
     let Some(seen) = QUEUE_STATE.get_ptr_mut(at.slot) else {
@@ -40,39 +40,20 @@ pub(crate) fn observe_queue(txq: u64, at: At) {
         return;
     }
     let Some(c) = counters(at.slot) else { return };
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = clock.now();
     if stopped {
         unsafe { *seen = now | 1 };
         c.queue_stops += 1;
-        record(at, EventKind::QueueStop, 0);
+        record_at(at, EventKind::QueueStop, 0, clock);
     } else {
         unsafe { *seen = 0 };
         c.queue_wakes += 1;
         c.stopped_ns += now.saturating_sub(since & !1);
         // Where the wake kprobe runs, it records the wake itself, at the moment it happens.
         if !crate::wake::records_wakes() {
-            record(at, EventKind::QueueWake, 0);
+            record_at(at, EventKind::QueueWake, 0, clock);
         }
     }
-}
-
-/// The `netdev_queue` of `queue` of the `net_device` at `dev`.
-#[inline(always)]
-pub(crate) fn txq_of(dev: u64, queue: u16) -> Option<u64> {
-    let tx: u64 = read(dev, fact!(dev_tx))?;
-    Some(tx + u64::from(queue) * u64::from(fact!(txq_size)))
-}
-
-/// The index of the `netdev_queue` at `txq` among the transmit queues of the `net_device`
-/// at `dev`.
-#[inline(always)]
-pub(crate) fn queue_index(dev: u64, txq: u64) -> Option<u16> {
-    let tx = read::<u64>(dev, fact!(dev_tx))?;
-    let size = u64::from(fact!(txq_size));
-    if size == 0 || txq < tx {
-        return None;
-    }
-    u16::try_from((txq - tx) / size).ok()
 }
 
 /// `qdisc_dequeue(qdisc, txq, packets, skb)`: the qdisc looks at the queue; a wake shows
@@ -83,11 +64,8 @@ pub(crate) fn qdisc_dequeue(ctx: RawTracePointContext) -> i32 {
     let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else {
         return 0;
     };
-    let Some(queue) = queue_index(dev, txq) else {
-        return 0;
-    };
-    if let Some(at) = locate(dev, queue) {
-        observe_queue(txq, at);
+    if let Some(at) = locate_txq(dev, txq) {
+        observe_queue(at, &mut Clock::new());
     }
     0
 }

@@ -28,7 +28,7 @@ use tap_probe_common::{
 };
 
 use crate::counters::counters;
-use crate::device::locate;
+use crate::device::{locate_skb, locate_txq};
 use crate::facts::{fact, read};
 
 /// [`MAX_BULK`] as the kernel's `int packets` compares.
@@ -124,8 +124,7 @@ pub(crate) fn direct_xmit_entry(ctx: ProbeContext) -> u32 {
     if let (Some(skb), Some(dev), Some(txq)) =
         (ctx.arg::<u64>(0), ctx.arg::<u64>(2), ctx.arg::<u64>(3))
         && skb != 0
-        && let Some(queue) = crate::queue_state::queue_index(dev, txq)
-        && let Some(at) = locate(dev, queue)
+        && let Some(at) = locate_txq(dev, txq)
     {
         frame.slot = at.slot;
         frame.packets = chained(skb);
@@ -186,10 +185,7 @@ pub(crate) fn dequeue_pairs(ctx: RawTracePointContext) -> i32 {
     let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
         return 0;
     };
-    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
-        return 0;
-    };
-    let Some(at) = locate(dev, queue) else {
+    let Some(at) = locate_skb(dev, skb) else {
         return 0;
     };
     let Some(q) = DEQUEUED.get_ptr_mut(at.slot) else {

@@ -7,13 +7,10 @@
 //! `tun_file.tx_ring`. Its four fields (`producer`, `consumer_head`, `size`, `queue`) come
 //! in one read of the span that holds them.
 
-use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, generated::bpf_probe_read_kernel},
-    macros::map,
-    maps::PerCpuArray,
-};
+use aya_ebpf::{helpers::generated::bpf_probe_read_kernel, macros::map, maps::PerCpuArray};
 use tap_probe_common::{DEVICE_TUN, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS, RingSamples};
 
+use crate::clock::Clock;
 use crate::device::At;
 use crate::facts::{fact, read};
 
@@ -29,7 +26,7 @@ static RING_SPAN: PerCpuArray<[u8; SPAN_MAX]> = PerCpuArray::with_max_entries(1,
 
 /// Samples the ring of `at`'s queue of the tun/tap at `dev`, if it is one.
 #[inline(always)]
-pub(crate) fn sample(dev: u64, at: At) {
+pub(crate) fn sample(dev: u64, at: At, clock: &mut Clock) {
     if at.flags & DEVICE_TUN == 0 {
         return;
     }
@@ -43,7 +40,7 @@ pub(crate) fn sample(dev: u64, at: At) {
     // mid-update (both run with bottom halves disabled or in the reader's own context,
     // and an interrupted update only leaves one sample half counted).
     let s = unsafe { &mut *s };
-    s.ts_ns = unsafe { bpf_ktime_get_ns() };
+    s.ts_ns = clock.now();
     s.current = entries;
     if entries > s.max {
         s.max = entries;

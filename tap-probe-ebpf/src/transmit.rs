@@ -10,24 +10,22 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
 
+use crate::clock::Clock;
 use crate::counters::{count_reason, counters};
-use crate::device::{At, locate};
-use crate::events::record;
-use crate::facts::{fact, read};
-use crate::queue_state::{observe_queue, txq_of};
+use crate::device::{At, locate_skb};
+use crate::events::{record, record_at};
+use crate::facts::fact;
+use crate::queue_state::observe_queue;
 
 /// The driver call in flight on this CPU, between its start and its end.
 #[map]
 static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
 
-/// A driver call begins: remember it for this CPU.
+/// A driver call begins: remember it for this CPU. False when the device is not tracked.
 #[inline(always)]
-fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
-    let Some(queue) = read::<u16>(skb, fact!(skb_queue_mapping)) else {
-        return;
-    };
-    let Some(at) = locate(dev, queue) else {
-        return;
+fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
+    let Some(at) = locate_skb(dev, skb) else {
+        return false;
     };
     if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
         // SAFETY: per-CPU, and the transmit path runs with bottom halves disabled.
@@ -44,9 +42,10 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
         *f = InFlight {
             skb,
             dev,
+            txq: at.txq,
             key: at.key,
             slot: at.slot,
-            queue,
+            queue: at.queue,
             dropped: 0,
             flags: at.flags,
             reserved: 0,
@@ -54,11 +53,13 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) {
     }
     crate::requeue::driver_call(at.slot, skb);
     crate::reorder::driver_call(skb, at.key);
+    true
 }
 
 /// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
 #[raw_tracepoint(tracepoint = "net_dev_start_xmit")]
 pub(crate) fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
+    // The end, `net_dev_xmit`, names its skb: a call it does not match is not counted.
     xmit_begin(&ctx, ctx.arg(0), ctx.arg(1));
     0
 }
@@ -67,8 +68,15 @@ pub(crate) fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
 /// dev)` (every `ndo_start_xmit` has that signature).
 #[kprobe]
 pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
-    if let (Some(skb), Some(dev)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) {
-        xmit_begin(&ctx, skb, dev);
+    if let (Some(skb), Some(dev)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1))
+        && !xmit_begin(&ctx, skb, dev)
+        && let Some(f) = IN_FLIGHT.get_ptr_mut(0)
+    {
+        // The return probe has no skb to match: the call it ends is the last one that
+        // began on this CPU. An untracked device's call empties the slot, so that a call
+        // whose return was missed is never counted at the return of another.
+        // SAFETY: per-CPU, bottom halves disabled.
+        unsafe { (*f).skb = 0 };
     }
     0
 }
@@ -99,6 +107,7 @@ pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
         slot: f.slot,
         queue: f.queue,
         flags: f.flags,
+        txq: f.txq,
     };
     let Some(c) = counters(at.slot) else {
         return 0;
@@ -128,6 +137,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
     }
     let InFlight {
         dev,
+        txq,
         key,
         slot,
         queue,
@@ -141,11 +151,13 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         slot,
         queue,
         flags,
+        txq,
     };
     let Some(c) = counters(slot) else {
         return;
     };
     c.xmit_calls += 1;
+    let mut clock = Clock::new();
     // rc is an int: NETDEV_TX_OK, NETDEV_TX_BUSY, a NET_XMIT_* code (tun answers a drop
     // with NET_XMIT_DROP), or a negative errno some drivers pass up.
     #[expect(
@@ -155,22 +167,25 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
     let rc = rc as u32;
     if rc == fact!(tx_busy) {
         c.busy += 1;
-        record(at, EventKind::Busy, 0);
+        record_at(at, EventKind::Busy, 0, &mut clock);
     } else if dropped == 0 {
         if rc == 0 {
             c.enqueued += 1;
-            record(at, EventKind::Enqueued, 0);
+            record_at(at, EventKind::Enqueued, 0, &mut clock);
             crate::reorder::taken(c);
         } else {
             c.dropped_other += 1;
             count_reason(ctx, slot, DROP_REASON_XMIT_ERROR);
-            record(at, EventKind::DroppedOther, DROP_REASON_XMIT_ERROR);
+            record_at(
+                at,
+                EventKind::DroppedOther,
+                DROP_REASON_XMIT_ERROR,
+                &mut clock,
+            );
         }
     }
-    if let Some(txq) = txq_of(dev, queue) {
-        observe_queue(txq, at);
-    }
-    crate::ring::sample(dev, at);
+    observe_queue(at, &mut clock);
+    crate::ring::sample(dev, at, &mut clock);
 }
 
 /// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.
@@ -182,7 +197,8 @@ pub(crate) fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
 
 /// The kprobe source of a driver call's end: the return of the function `xmit_entry`
 /// probes. Entry and return run on one CPU with bottom halves disabled, and no driver's
-/// transmit nests into another's, so the call in flight is this one.
+/// transmit nests into another's, so the call in flight is this one: every entry, of a
+/// tracked device or not, replaces it (`xmit_entry`).
 #[kretprobe]
 pub(crate) fn xmit_return(ctx: RetProbeContext) -> u32 {
     xmit_end(&ctx, None, ctx.ret::<u64>());

@@ -18,7 +18,7 @@ use tap_probe_common::{
 };
 
 use crate::counters::counters;
-use crate::device::locate;
+use crate::device::locate_txq;
 use crate::events::record;
 use crate::facts::{KERNEL, fact, read};
 
@@ -51,10 +51,7 @@ pub(crate) fn wake_entry(ctx: ProbeContext) -> u32 {
     let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else {
         return 0;
     };
-    let Some(queue) = crate::queue_state::queue_index(dev, txq) else {
-        return 0;
-    };
-    let Some(at) = locate(dev, queue) else {
+    let Some(at) = locate_txq(dev, txq) else {
         return 0;
     };
     let class = classify(&ctx);

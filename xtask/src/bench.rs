@@ -12,6 +12,7 @@ mod overhead;
 mod probed;
 mod record;
 mod replay;
+pub(crate) mod stream;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -42,6 +42,9 @@ enum Command {
     /// The guest side of a guest benchmark; `cargo xtask bench` runs it in the guest.
     #[command(hide = true)]
     BenchGuest(bench::GuestArgs),
+    /// The other traffic of `bench overhead --traffic other`, in the namespace it makes.
+    #[command(hide = true)]
+    BenchStream(bench::stream::Args),
     /// Run the privileged tests in QEMU guests (kernels with kprobes and the tail-drop
     /// fix), after `--` arguments for the test binaries.
     Vm(vm::Args),
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
             .map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
         Command::BenchGuest(args) => bench::guest(&args).map(|()| ExitCode::SUCCESS),
+        Command::BenchStream(args) => bench::stream::stream(&args).map(|()| ExitCode::SUCCESS),
         Command::Vm(args) => setup::run(&setup::Args {})
             .and_then(|()| vm::run(&args))
             .map(|()| ExitCode::SUCCESS),

@@ -26,7 +26,7 @@ use tap_probe_guest::image::STDOUT_TTY;
 use tap_probe_guest::{AccelChoice, Image, KernelSpec, Launcher, Verdict, launch};
 
 use super::ab::{Goal, Measure, Results, Run, Schedule, Status};
-use super::probed::{self, Measured, Probe, THROUGHPUT, Timing};
+use super::probed::{self, Measured, Probe, THROUGHPUT, Timing, Traffic};
 use super::{default_out, runs_dir};
 use crate::{cmd, vm};
 
@@ -312,11 +312,17 @@ pub(crate) fn guest(args: &GuestArgs) -> anyhow::Result<()> {
             attach_wait: ATTACH_WAIT,
         };
         let tag = format!("{label}-{variant}").replace(' ', "");
-        let (status, data) =
-            match probed::run(&args.tap_probe, &tag, variant.probe(), timing, &args.dir) {
-                Ok(run) => run,
-                Err(err) => (Status::Failed(format!("{err:#}")), Measured::default()),
-            };
+        let (status, data) = match probed::run(
+            &args.tap_probe,
+            &tag,
+            variant.probe(),
+            Traffic::Tap,
+            timing,
+            &args.dir,
+        ) {
+            Ok(run) => run,
+            Err(err) => (Status::Failed(format!("{err:#}")), Measured::default()),
+        };
         if let Status::Unavailable(why) = &status {
             unavailable.push((variant, why.clone()));
         }

@@ -1,20 +1,29 @@
-//! `cargo xtask bench overhead`: what watching costs the traffic it watches.
+//! `cargo xtask bench overhead`: what watching costs the traffic it watches, and the
+//! traffic it does not.
 //!
-//! Each round runs `tap-probe load` three ways: (A) with no probe, (B) with
-//! `tap-probe watch` attached, (C) with a bpftrace one-liner that counts the same events,
-//! in the alternating order of the A/B harness (A, B, C, then C, B, A). Throughput is the
-//! load's `delivered_pps`; the results are the medians, the ratios B/A and C/A, and how B's
-//! loss compares with C's. A B run is valid only if the watch counted one driver call per
-//! packet the load sent.
+//! With `--traffic tap` (the default) each round runs `tap-probe load` three ways: (A) with
+//! no probe, (B) with `tap-probe watch` attached, (C) with a bpftrace one-liner that counts
+//! the same events, in the alternating order of the A/B harness (A, B, C, then C, B, A).
+//! With `--traffic other` the traffic is a UDP stream over loopback in a private namespace
+//! that the watch does not watch (`stream.rs`), run (A) and (B) ways. Throughput is the
+//! traffic's `delivered_pps`; the results are the medians, the ratios B/A and C/A, and how
+//! B's loss compares with C's. A B run is valid only if the watch counted one driver call
+//! per packet the load sent (none of the other traffic's).
+//!
+//! After the rounds, one more run of B with `--program-stats` gives what each program
+//! costs as the kernel measures it: with the tap, the sum of the means of the programs that
+//! run per packet; with the other traffic, the mean over all the programs' runs, and
+//! whether they ran at least once per datagram sent.
 
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
+use serde_json::Value;
 
-use super::ab::{Goal, Results, Schedule};
-use super::probed::{self, BPFTRACE_PROGRAM, Probe, THROUGHPUT, Timing};
+use super::ab::{Goal, Results, Schedule, Status};
+use super::probed::{self, BPFTRACE_PROGRAM, Probe, THROUGHPUT, Timing, Traffic};
 use super::{default_out, runs_dir};
 
 /// Seconds the load waits before sending, so that `tap-probe watch` (which polls for new
@@ -24,14 +33,34 @@ const START_DELAY_S: u32 = 2;
 /// How long `tap-probe watch` may take to attach.
 const WATCH_ATTACH_WAIT: Duration = Duration::from_secs(30);
 
-/// Goal: tap-probe keeps at least this share of the unprobed throughput.
+/// Goal: tap-probe keeps at least this share of the unprobed throughput of its tap.
 const GOAL_MIN_RATIO: f64 = 0.97;
 
 /// Goal: tap-probe loses at most this share of what bpftrace loses.
 const GOAL_MAX_LOSS_RATIO: f64 = 1.0 / 3.0;
 
-/// `--pairs`, `--duration`, `--out`, as every host A/B benchmark takes them.
-pub(crate) type Args = super::RoundArgs;
+/// Goal: the programs, summed over those that run per packet, cost at most this many ns.
+const GOAL_MAX_NS_PER_PACKET: f64 = 250.0;
+
+/// Goal: tap-probe keeps at least this share of the throughput of traffic it does not watch.
+const GOAL_MIN_RATIO_OTHER: f64 = 0.99;
+
+/// Goal: on traffic it does not watch, a program run costs at most this many ns on average.
+const GOAL_MAX_NS_OTHER: f64 = 30.0;
+
+/// A program runs per packet when it runs at least once per this many packets sent (the
+/// qdisc's programs run only when a packet waits in it, which a flooded tap seldom sees).
+const PER_PACKET_SHARE: u64 = 100;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    rounds: super::RoundArgs,
+    /// The traffic: `tap`, the load's tap, watched; `other`, traffic the watch does not
+    /// watch.
+    #[arg(long, value_enum, default_value_t = Traffic::Tap)]
+    traffic: Traffic,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -56,11 +85,66 @@ impl fmt::Display for Variant {
 
 #[derive(Debug, Serialize)]
 struct Config {
+    traffic: Traffic,
     pairs: u32,
     duration_s: u32,
     start_delay_s: u32,
     throughput_field: &'static str,
     bpftrace_program: &'static str,
+    /// The run with `--program-stats`, after the rounds.
+    program_costs: Option<Costs>,
+}
+
+/// What the programs cost in the run with `--program-stats`.
+#[derive(Debug, Serialize)]
+struct Costs {
+    /// The watch's `programs`: runs and mean ns of each.
+    programs: Value,
+    /// Packets the traffic sent in that run.
+    sent: u64,
+    /// With the tap: the means of the programs that ran per packet, summed.
+    ns_per_packet: Option<f64>,
+    /// With the other traffic: the mean ns of a program run, over all runs.
+    mean_ns_per_run: Option<f64>,
+    /// Runs of the most-run program per packet sent: at least 1 when the programs saw
+    /// every packet (a stream that bypassed them would make its cost look nil).
+    runs_per_sent: Option<f64>,
+}
+
+impl Costs {
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "run counts and ns far below 2^52"
+    )]
+    fn new(programs: Value, sent: u64) -> Self {
+        let each: Vec<(String, u64, u64)> = programs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some((
+                    p["program"].as_str()?.to_owned(),
+                    p["runs"].as_u64()?,
+                    p["mean_ns"].as_u64()?,
+                ))
+            })
+            .collect();
+        let per_packet = each
+            .iter()
+            .filter(|(_, runs, _)| runs.saturating_mul(PER_PACKET_SHARE) >= sent)
+            .map(|&(_, _, ns)| ns as f64)
+            .sum();
+        let runs: u64 = each.iter().map(|&(_, runs, _)| runs).sum();
+        let ns: u64 = each.iter().map(|&(_, runs, ns)| runs * ns).sum();
+        let most = each.iter().map(|&(_, runs, _)| runs).max().unwrap_or(0);
+        Self {
+            programs,
+            sent,
+            ns_per_packet: (sent > 0).then_some(per_packet),
+            mean_ns_per_run: (runs > 0).then(|| ns as f64 / runs as f64),
+            runs_per_sent: (sent > 0).then(|| most as f64 / sent as f64),
+        }
+    }
 }
 
 /// Runs `cargo xtask bench overhead` with the release `tap_probe`.
@@ -68,54 +152,156 @@ struct Config {
 /// # Errors
 /// If any run fails or is invalid; the results are written first.
 pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
-    let out = args.out.clone().unwrap_or_else(|| default_out("overhead"));
+    let rounds = &args.rounds;
+    let name = match args.traffic {
+        Traffic::Tap => "overhead",
+        Traffic::Other => "overhead-other",
+    };
+    let out = rounds.out.clone().unwrap_or_else(|| default_out(name));
     let dir = runs_dir(&out)?;
+    let variants = match args.traffic {
+        Traffic::Tap => vec![Variant::ProbeOff, Variant::TapProbe, Variant::Bpftrace],
+        Traffic::Other => vec![Variant::ProbeOff, Variant::TapProbe],
+    };
     let schedule = Schedule {
-        variants: vec![Variant::ProbeOff, Variant::TapProbe, Variant::Bpftrace],
-        rounds: args.pairs,
+        variants,
+        rounds: rounds.pairs,
         warm_up: false,
     };
-    let runs = super::ab::run_on_host("overhead", &schedule, |round, variant| {
+    let timing = Timing {
+        duration: rounds.duration,
+        start_delay: START_DELAY_S,
+        attach_wait: WATCH_ATTACH_WAIT,
+    };
+    let runs = super::ab::run_on_host(name, &schedule, |round, variant| {
         let tag = format!("round{:02}-{variant}", round.map_or(0, |r| r + 1));
         let probe = match variant {
             Variant::ProbeOff => Probe::None,
             Variant::TapProbe => Probe::Watch(None),
             Variant::Bpftrace => Probe::Bpftrace,
         };
-        let timing = Timing {
-            duration: args.duration,
-            start_delay: START_DELAY_S,
-            attach_wait: WATCH_ATTACH_WAIT,
-        };
-        probed::run(tap_probe, &tag, probe, timing, &dir)
+        probed::run(tap_probe, &tag, probe, args.traffic, timing, &dir)
     })?;
+    eprintln!("program costs: one more run of tap-probe with --program-stats");
+    let (status, costs) = probed::run(
+        tap_probe,
+        "costs-tap-probe",
+        Probe::WatchCosts,
+        args.traffic,
+        timing,
+        &dir,
+    )?;
+    let program_costs = match (status, costs.programs, costs.sent) {
+        (Status::Valid, Some(programs), Some(sent)) => Some(Costs::new(programs, sent)),
+        (status, ..) => {
+            eprintln!("the run with --program-stats gave no costs: {status:?}");
+            None
+        }
+    };
     let config = Config {
-        pairs: args.pairs,
-        duration_s: args.duration,
+        traffic: args.traffic,
+        pairs: rounds.pairs,
+        duration_s: rounds.duration,
         start_delay_s: START_DELAY_S,
         throughput_field: THROUGHPUT,
         bpftrace_program: BPFTRACE_PROGRAM,
+        program_costs,
     };
     let measures = probed::measures();
-    let mut results = Results::new("overhead", config, &schedule, runs, &measures, THROUGHPUT);
+    let mut results = Results::new(name, config, &schedule, runs, &measures, THROUGHPUT);
     let ratio = |v| results.variant(v).and_then(|s| s.ratio);
     let (tap_probe_ratio, bpftrace_ratio) = (ratio(Variant::TapProbe), ratio(Variant::Bpftrace));
-    let loss_ratio = tap_probe_ratio
-        .zip(bpftrace_ratio)
-        .filter(|&(_, c)| c < 1.0)
-        .map(|(b, c)| (1.0 - b) / (1.0 - c));
-    results.goals = vec![
-        Goal::at_least(
-            format!("tap-probe/probe-off >= {GOAL_MIN_RATIO}"),
-            tap_probe_ratio,
-            GOAL_MIN_RATIO,
-        ),
-        Goal::at_most(
-            "loss(tap-probe) <= loss(bpftrace)/3, loss(X) = 1 - X/probe-off",
-            loss_ratio,
-            GOAL_MAX_LOSS_RATIO,
-        ),
-    ];
+    let costs = results.config.program_costs.as_ref();
+    if let Some(costs) = costs {
+        eprintln!("program costs (runs, mean ns): {}", costs.programs);
+    }
+    results.goals = goals(args.traffic, tap_probe_ratio, bpftrace_ratio, costs);
     eprintln!("raw output of every run in {}", dir.display());
     results.finish(&measures, &out)
+}
+
+/// The goals of `traffic`'s benchmark.
+fn goals(
+    traffic: Traffic,
+    tap_probe_ratio: Option<f64>,
+    bpftrace_ratio: Option<f64>,
+    costs: Option<&Costs>,
+) -> Vec<Goal> {
+    match traffic {
+        Traffic::Tap => {
+            let loss_ratio = tap_probe_ratio
+                .zip(bpftrace_ratio)
+                .filter(|&(_, c)| c < 1.0)
+                .map(|(b, c)| (1.0 - b) / (1.0 - c));
+            vec![
+                Goal::at_least(
+                    format!("tap-probe/probe-off >= {GOAL_MIN_RATIO}"),
+                    tap_probe_ratio,
+                    GOAL_MIN_RATIO,
+                ),
+                Goal::at_most(
+                    "loss(tap-probe) <= loss(bpftrace)/3, loss(X) = 1 - X/probe-off",
+                    loss_ratio,
+                    GOAL_MAX_LOSS_RATIO,
+                ),
+                Goal::at_most(
+                    format!(
+                        "ns per packet, the per-packet programs' means summed \
+                         <= {GOAL_MAX_NS_PER_PACKET}"
+                    ),
+                    costs.and_then(|c| c.ns_per_packet),
+                    GOAL_MAX_NS_PER_PACKET,
+                ),
+            ]
+        }
+        Traffic::Other => vec![
+            Goal::at_least(
+                "the programs ran on every datagram: runs of the most-run program / sent >= 1",
+                costs.and_then(|c| c.runs_per_sent),
+                1.0,
+            ),
+            Goal::at_least(
+                format!("tap-probe/probe-off >= {GOAL_MIN_RATIO_OTHER} (traffic not watched)"),
+                tap_probe_ratio,
+                GOAL_MIN_RATIO_OTHER,
+            ),
+            Goal::at_most(
+                format!("mean ns per program run on traffic not watched <= {GOAL_MAX_NS_OTHER}"),
+                costs.and_then(|c| c.mean_ns_per_run),
+                GOAL_MAX_NS_OTHER,
+            ),
+        ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::Costs;
+
+    #[test]
+    fn costs_sum_the_per_packet_programs_and_average_over_all_runs() {
+        let programs = json!([
+            {"program": "net_dev_start_xmit", "runs": 1000, "mean_ns": 50},
+            {"program": "net_dev_xmit", "runs": 1000, "mean_ns": 100},
+            {"program": "consume_skb", "runs": 900, "mean_ns": 150},
+            // Runs on fewer than 1 packet in 100: not per packet.
+            {"program": "qdisc_dequeue", "runs": 9, "mean_ns": 2000},
+        ]);
+        let costs = Costs::new(programs, 1000);
+        assert_eq!(costs.ns_per_packet, Some(300.0));
+        let mean = costs.mean_ns_per_run.unwrap();
+        let expected = (50_000.0 + 100_000.0 + 135_000.0 + 18_000.0) / 2909.0;
+        assert!((mean - expected).abs() < 1e-9, "{mean} != {expected}");
+        assert_eq!(costs.runs_per_sent, Some(1.0));
+    }
+
+    #[test]
+    fn costs_of_nothing_sent_are_not_measured() {
+        let costs = Costs::new(json!([]), 0);
+        assert_eq!(costs.ns_per_packet, None);
+        assert_eq!(costs.mean_ns_per_run, None);
+        assert_eq!(costs.runs_per_sent, None);
+    }
 }

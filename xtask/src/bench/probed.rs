@@ -36,8 +36,21 @@ pub(crate) enum Probe {
     None,
     /// `tap-probe watch`, with `--backend` when given.
     Watch(Option<&'static str>),
+    /// `tap-probe watch --program-stats`: what each program costs, as the kernel measures
+    /// it (the measuring itself costs, so these runs are not compared with the others).
+    WatchCosts,
     /// The bpftrace one-liner.
     Bpftrace,
+}
+
+/// What traffic a run drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Traffic {
+    /// `tap-probe load`: a flooded tap, watched.
+    Tap,
+    /// A UDP stream over loopback in a private namespace, not watched (`stream.rs`).
+    Other,
 }
 
 /// How a run is timed.
@@ -61,6 +74,8 @@ pub(crate) struct Measured {
     pub(crate) elapsed_s: Option<f64>,
     /// With a watch: driver calls the watch counted on the load's tap.
     pub(crate) xmit_calls: Option<u64>,
+    /// With `WatchCosts`: the watch's `programs` (runs and mean ns of each program).
+    pub(crate) programs: Option<Value>,
     /// The load's whole report.
     pub(crate) report: Value,
 }
@@ -99,24 +114,29 @@ pub(crate) fn measures() -> [Measure<Measured>; 5] {
     ]
 }
 
-/// Runs `tap-probe load` with `probe` beside it; `tag` names the run's files in `dir`. A
-/// watch that exits before attaching makes the run [`Status::Unavailable`] (a backend the
-/// kernel cannot run); any other error fails it.
+/// Runs `traffic` with `probe` beside it; `tag` names the run's files in `dir`. A watch
+/// that exits before attaching makes the run [`Status::Unavailable`] (a backend the kernel
+/// cannot run); any other error fails it.
 ///
 /// # Errors
-/// If the load or the probe cannot be run or fails.
+/// If the traffic or the probe cannot be run or fails.
 pub(crate) fn run(
     tap_probe: &Path,
     tag: &str,
     probe: Probe,
+    traffic: Traffic,
     timing: Timing,
     dir: &Path,
 ) -> anyhow::Result<(Status, Measured)> {
     let watch_out = dir.join(format!("{tag}-watch.jsonl"));
     let observer = match probe {
         Probe::None => None,
-        Probe::Watch(backend) => {
-            match Observer::watch(tap_probe, backend, &watch_out, timing.attach_wait)? {
+        Probe::Watch(_) | Probe::WatchCosts => {
+            let (backend, extra): (_, &[&str]) = match probe {
+                Probe::Watch(backend) => (backend, &[]),
+                _ => (None, &["--program-stats"]),
+            };
+            match Observer::watch(tap_probe, backend, extra, &watch_out, timing.attach_wait)? {
                 Ok(observer) => Some(observer),
                 Err(why) => return Ok((Status::Unavailable(why), Measured::default())),
             }
@@ -125,22 +145,37 @@ pub(crate) fn run(
             &dir.join(format!("{tag}-bpftrace.txt")),
         )?),
     };
-    let report = load(tap_probe, dir, tag, timing.duration, timing.start_delay)?;
+    let report = match traffic {
+        Traffic::Tap => load(tap_probe, dir, tag, timing.duration, timing.start_delay)?,
+        Traffic::Other => super::stream::run(dir, tag, timing.duration)?,
+    };
     if let Some(observer) = observer {
         observer.stop()?;
     }
     let sent = report.get("sent").and_then(Value::as_u64);
-    let xmit_calls = matches!(probe, Probe::Watch(_))
-        .then(|| counted_xmit_calls(&watch_out))
-        .transpose()?;
+    let watched = matches!(probe, Probe::Watch(_) | Probe::WatchCosts);
+    let lines = watched.then(|| watch_lines(&watch_out)).transpose()?;
+    let xmit_calls = lines.as_deref().map(watched_xmit_calls);
+    let programs = lines
+        .iter()
+        .flatten()
+        .rev()
+        .find_map(|line| line.get("programs"))
+        .cloned();
+    // The load's tap is watched and every driver call on it must be counted (a probe that
+    // counted less would look cheaper than it is); the other traffic is not watched.
+    let expected = match traffic {
+        Traffic::Tap => sent,
+        Traffic::Other => Some(0),
+    };
     let status = match (number(&report, THROUGHPUT), sent, xmit_calls) {
-        (None, _, _) | (_, None, _) => {
-            Status::Failed(format!("the load's report has no `{THROUGHPUT}` or `sent`"))
-        }
-        // A probe that counted less than it should would look cheaper than it is.
-        (_, Some(sent), Some(counted)) if counted != sent => Status::Invalid(format!(
-            "tap-probe watch counted {counted} driver calls on the load's tap, the load sent \
-             {sent}: the probe did not watch the whole run ({})",
+        (None, _, _) | (_, None, _) => Status::Failed(format!(
+            "the traffic's report has no `{THROUGHPUT}` or `sent`"
+        )),
+        (_, Some(sent), Some(counted)) if Some(counted) != expected => Status::Invalid(format!(
+            "tap-probe watch counted {counted} driver calls on the load's tap ({} \
+                 expected; {sent} sent): the probe did not watch the run as it should ({})",
+            expected.unwrap_or(0),
             watch_out.display()
         )),
         _ => Status::Valid,
@@ -153,20 +188,20 @@ pub(crate) fn run(
             sent,
             elapsed_s: number(&report, "elapsed_secs"),
             xmit_calls,
+            programs,
             report,
         },
     ))
 }
 
-/// The driver calls the watch's JSON lines show on the load's tap.
-fn counted_xmit_calls(watch_out: &Path) -> anyhow::Result<u64> {
+/// The watch's JSON lines.
+fn watch_lines(watch_out: &Path) -> anyhow::Result<Vec<Value>> {
     let text = std::fs::read_to_string(watch_out)
         .with_context(|| format!("reading {}", watch_out.display()))?;
-    let lines: Vec<Value> = text
+    Ok(text
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
-    Ok(watched_xmit_calls(&lines))
+        .collect())
 }
 
 /// A probe running beside the load.
@@ -182,6 +217,7 @@ impl Observer {
     fn watch(
         tap_probe: &Path,
         backend: Option<&str>,
+        extra: &[&str],
         out: &Path,
         attach_wait: Duration,
     ) -> anyhow::Result<Result<Self, String>> {
@@ -195,6 +231,7 @@ impl Observer {
                     .into_iter()
                     .flatten(),
             )
+            .args(extra)
             .stdout(create(out)?)
             .stderr(create(&err_out)?);
         let mut proc = Proc::spawn(&mut watch)?;
