@@ -63,19 +63,25 @@ pub(crate) fn driver_call(slot: u32, skb: u64) {
     if q.skbs[seen] == skb {
         q.seen += 1;
         q.calls = 0;
-    } else if seen + 1 < MAX_BULK && q.seen + 1 < q.packets && q.skbs[seen + 1] == skb {
-        // The one before reached the driver in another form.
+        return;
+    }
+    // Another skb: a segment, if the packet is a GSO packet. Software GSO
+    // (`validate_xmit_skb`) hands the driver new skbs, as many as the packet's `gso_segs`;
+    // the next packet of the dequeue matches again. Any other skb is no packet of this
+    // dequeue (it is not followed).
+    let segs = u32::from(q.segs[seen]);
+    if segs <= 1 {
+        return;
+    }
+    if seen + 1 < MAX_BULK && q.seen + 1 < q.packets && q.skbs[seen + 1] == skb {
         q.seen += 2;
         q.calls = 0;
-    } else {
-        // A segment: software GSO (`validate_xmit_skb`) hands the driver new skbs, as many
-        // as the packet's `gso_segs`. Nothing else reaches this queue's driver before the
-        // next dequeue: the qdisc is running, so no packet bypasses it.
-        q.calls += 1;
-        if q.calls >= u32::from(q.segs[seen]).max(1) {
-            q.seen += 1;
-            q.calls = 0;
-        }
+        return;
+    }
+    q.calls += 1;
+    if q.calls >= segs {
+        q.seen += 1;
+        q.calls = 0;
     }
 }
 
