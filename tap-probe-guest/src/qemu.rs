@@ -48,6 +48,19 @@ impl Accel {
         }
     }
 
+    /// The `-accel` argument. TCG runs the guest's CPUs in one thread: with a thread per
+    /// CPU, a CPU can run a stale translation of kernel text that another one patches
+    /// (`text_poke_bp`, as attaching a tracepoint or kprobe does), and the guest's kernel
+    /// then trapped on an int3 already removed ("Oops: int3" in `dev_hard_start_xmit`) or
+    /// jumped to address 0 from `tun_do_read`, when tap-probe attached while traffic flowed.
+    #[must_use]
+    pub fn argument(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg,thread=single",
+        }
+    }
+
     /// `-cpu host` needs KVM; under TCG `max` enables everything QEMU can emulate.
     #[must_use]
     pub fn cpu(self) -> &'static str {
@@ -210,7 +223,7 @@ impl Outcome {
 /// The QEMU command line for `config`.
 fn command(config: &Config<'_>, machine: &Machine) -> Command {
     let mut qemu = Command::new(config.program);
-    qemu.args(["-accel", machine.accel.name(), "-cpu", &machine.cpu])
+    qemu.args(["-accel", machine.accel.argument(), "-cpu", &machine.cpu])
         .args(["-smp", &config.cpus.to_string()])
         .args(["-m", &config.memory_mib.to_string()])
         // The console on stdout, nothing on stdin (QEMU would put a terminal into raw mode),

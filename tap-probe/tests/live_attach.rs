@@ -27,9 +27,6 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
     if !tap_probe::lab::root() {
         return;
     }
-    if attaching_under_load_crashes_this_kernel() {
-        return;
-    }
     let ns = common::quiet_netns("live").unwrap();
     let tap = common::tap_in(&ns, "tpl0", RootQdisc::Noqueue).unwrap();
     // A short ring fills at once even at a slow guest's rates.
@@ -126,20 +123,4 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
     drop(watchers);
     drop(tap);
     drop(ns);
-}
-
-/// Attaching enables tracepoints and kprobes by patching the kernel's text (`text_poke_bp`)
-/// while another CPU runs through it. Under QEMU's multi-threaded TCG a CPU can then run a
-/// stale translation of the patched code and trap on an int3 the kernel has already
-/// removed: seen as "Oops: int3" in `dev_hard_start_xmit`, a panic of the guest's kernel, not
-/// a fault of the probes. There the test says so and does not run.
-fn attaching_under_load_crashes_this_kernel() -> bool {
-    let emulated = common::emulated();
-    if emulated {
-        eprintln!(
-            "skipping test - attaching under load crashes an emulated guest's kernel (QEMU \
-             TCG runs a stale translation of text the kernel patches); it runs on real CPUs"
-        );
-    }
-    emulated
 }

@@ -219,17 +219,17 @@ pub(crate) fn assert_backends_agree(rows: &[(Backend, Row)], watchers: &[(Backen
 }
 
 /// How many times longer than on a real CPU a wait may take here: a guest under QEMU's TCG
-/// runs the kernel and the programs emulated, ten to thirty times slower. Bounds on how
-/// long something takes to end are scaled by it; what is counted never is.
+/// (its kernel command line says `tap_probe.accel=tcg`) runs the kernel and the programs
+/// emulated, ten to thirty times slower. Bounds on how long something takes to end are
+/// scaled by it; what is counted never is.
 pub(crate) fn slowdown() -> u32 {
-    if emulated() { 10 } else { 1 }
-}
-
-/// Whether this is a guest under QEMU's TCG (its kernel command line says
-/// `tap_probe.accel=tcg`).
-pub(crate) fn emulated() -> bool {
-    std::fs::read_to_string("/proc/cmdline")
-        .unwrap_or_default()
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if cmdline
         .split_whitespace()
         .any(|arg| arg == "tap_probe.accel=tcg")
+    {
+        10
+    } else {
+        1
+    }
 }
