@@ -162,18 +162,19 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     if !tap_probe::lab::root() {
         return;
     }
-    // The load's tap appears at once and sends after 4 s, time for watch to attach and
-    // track it; the tap is deleted when the load ends, while watch still runs. The reader
-    // is slower than any sender, also in an emulated guest, so the ring tail-drops.
-    // (An emulated guest's sender manages a few thousand frames a second.)
-    let reader_pps = if common::slowdown() > 1 {
-        "200"
-    } else {
-        "10000"
-    };
+    // The load's tap appears at once and sends after a delay, time for watch to attach and
+    // track it (about 2 s in an emulated guest, where loading the programs is slow); the
+    // tap is deleted when the load ends, while watch still runs. A ring of 100 and a
+    // reader slower than any sender, also in an emulated guest (whose sender manages a
+    // few thousand frames a second), so the ring tail-drops.
+    let emulated = common::slowdown() > 1;
+    let start_delay = if emulated { 12 } else { 4 };
+    let reader_pps = if emulated { "100" } else { "10000" };
+    let started = Instant::now();
     let mut load = ChildGuard::spawn(
         Command::new(BIN)
-            .args(["load", "--duration", "2", "--start-delay", "4"])
+            .args(["load", "--duration", "2", "--tx-queue-len", "100"])
+            .args(["--start-delay", &start_delay.to_string()])
             .args([
                 "--pps",
                 "50000",
@@ -196,6 +197,12 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     pty.read_until(&mut raw, Duration::from_secs(30), |t| {
         t.contains("tp-load0  ")
     });
+    // Totals are exact only for a device tracked before its first packet.
+    let tracked_after = started.elapsed();
+    assert!(
+        tracked_after < Duration::from_secs(start_delay),
+        "watch tracked the tap only after {tracked_after:?}, when the load had started sending"
+    );
     let mut report = load.0.as_mut().unwrap().stdout.take().unwrap();
     assert_eq!(
         load.wait(Duration::from_mins(1)).code(),

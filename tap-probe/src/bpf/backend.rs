@@ -23,7 +23,7 @@
 use anyhow::{Context as _, anyhow, bail};
 use aya::Ebpf;
 use aya::maps::{Array, MapData};
-use aya::programs::{KProbe, RawTracePoint};
+use aya::programs::RawTracePoint;
 use serde::Serialize;
 use tap_probe_common::{
     MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS,
@@ -32,11 +32,9 @@ use tap_probe_common::{
     SETTING_WAKE_EVENTS, Source,
 };
 
+use crate::bpf::kprobe::{KPROBE_PMU, Kprobes};
 use crate::kernel::KernelInfo;
 use crate::kernel::kallsyms::Kallsyms;
-
-/// The perf event source aya attaches kprobes through.
-const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
 
 /// Drivers whose transmit function the kprobe backend probes, when the kernel has them.
 const XMIT_FUNCTIONS: [&str; 3] = ["tun_net_xmit", "veth_xmit", "macvlan_start_xmit"];
@@ -364,6 +362,7 @@ impl Serialize for Sources {
 )]
 pub(crate) fn attach(
     ebpf: &mut Ebpf,
+    kprobes: &mut Kprobes,
     backend: Backend,
     kernel: &KernelInfo,
 ) -> anyhow::Result<Sources> {
@@ -374,7 +373,7 @@ pub(crate) fn attach(
     if backend == Backend::Auto {
         notes.push(format!("fentry: {FENTRY_UNAVAILABLE}"));
     }
-    let kprobes = matches!(backend, Backend::Auto | Backend::Kprobe);
+    let with_kprobes = matches!(backend, Backend::Auto | Backend::Kprobe);
     // The closing side of a driver call first: an opened bracket is always closed.
     attach_raw(ebpf, PROG_KFREE_SKB)?;
     attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
@@ -386,7 +385,7 @@ pub(crate) fn attach(
     // interrupt's exit in the middle of a process-context kprobe program loses every driver
     // call it makes. A raw tracepoint program only ever skips itself.
     let xmit = match backend {
-        Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?),
+        Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, kprobes, &kernel.kallsyms)?),
         Backend::Tracepoint => {
             attach_xmit_tracepoints(ebpf)?;
             Xmit::Tracepoints
@@ -395,7 +394,7 @@ pub(crate) fn attach(
             Ok(()) => Xmit::Tracepoints,
             Err(err) => {
                 notes.push(format!("xmit tracepoints: {err:#}"));
-                Xmit::Kprobes(attach_xmit_kprobes(ebpf, &kernel.kallsyms)?)
+                Xmit::Kprobes(attach_xmit_kprobes(ebpf, kprobes, &kernel.kallsyms)?)
             }
         },
     };
@@ -413,16 +412,17 @@ pub(crate) fn attach(
             Err(no_location())
         }
     };
-    let consume_kprobe =
-        |ebpf: &mut Ebpf| attach_kprobe(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false);
+    let consume_kprobe = |ebpf: &mut Ebpf, kprobes: &mut Kprobes| {
+        kprobes.attach(ebpf, PROG_CONSUME_ENTRY, "consume_skb", false)
+    };
     // Even the kprobe backend takes the reader's takes from the tracepoint where it can
     // (6.3+): a kprobe handler running in the reader's process context, right after the
     // reader woke the queue and so raised NET_TX, is where an interrupt's exit runs the
     // queue's drain, and every kprobe of that drain then does not fire (`kprobe_running()`,
     // kernel/kprobes.c): whole drains of driver calls went uncounted (64 at a time on 6.12
-    // and 7.3), and the kernel reports that miss only for kprobes with a BPF link, which
-    // aya's perf attach does not make. Where the tracepoint cannot tell a take (before
-    // 6.3) the kprobe it is, and the kernel's tun never wakes a queue there.
+    // and 7.3); the kernel counts them only in each kprobe's `nmissed`. Where the
+    // tracepoint cannot tell a take (before 6.3) the kprobe it is, and the kernel's tun
+    // never wakes a queue there.
     let consumed = match backend {
         Backend::Kprobe if kernel.consume_has_location => {
             consume_tracepoint(ebpf)?;
@@ -435,7 +435,7 @@ pub(crate) fn attach(
             Consume::Tracepoint
         }
         Backend::Kprobe => {
-            consume_kprobe(ebpf)?;
+            consume_kprobe(ebpf, kprobes)?;
             Consume::Kprobe
         }
         Backend::Tracepoint => {
@@ -446,7 +446,7 @@ pub(crate) fn attach(
             Ok(()) => Consume::Tracepoint,
             Err(err) => {
                 notes.push(format!("consume tracepoint: {err:#}"));
-                consume_kprobe(ebpf).context(
+                consume_kprobe(ebpf, kprobes).context(
                     "nothing can count reader takes here: the consume_skb kprobe does not \
                      attach either",
                 )?;
@@ -455,7 +455,7 @@ pub(crate) fn attach(
         },
     };
 
-    let requeues = match kprobes.then(|| attach_direct_xmit(ebpf, &kernel.kallsyms)) {
+    let requeues = match with_kprobes.then(|| attach_direct_xmit(ebpf, kprobes, &kernel.kallsyms)) {
         Some(Ok(())) => Requeues::Kprobes,
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
@@ -467,7 +467,7 @@ pub(crate) fn attach(
         }
     };
 
-    let wakes = match kprobes.then(|| attach_wake(ebpf, kernel)) {
+    let wakes = match with_kprobes.then(|| attach_wake(ebpf, kprobes, kernel)) {
         Some(Ok(functions)) => Wakes::Callers(functions),
         Some(Err(err)) if backend == Backend::Kprobe => return Err(err),
         failed => {
@@ -494,23 +494,31 @@ pub(crate) fn attach(
 
 /// The kretprobe, then the kprobe, on `sch_direct_xmit` (so every recorded entry meets
 /// its return).
-fn attach_direct_xmit(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<()> {
+fn attach_direct_xmit(
+    ebpf: &mut Ebpf,
+    kprobes: &mut Kprobes,
+    kallsyms: &Kallsyms,
+) -> anyhow::Result<()> {
     require_kprobes()?;
     if !kallsyms.has(DIRECT_XMIT_FUNCTION) {
         bail!("{DIRECT_XMIT_FUNCTION} is not in /proc/kallsyms");
     }
-    attach_kprobe(ebpf, PROG_DIRECT_XMIT_RETURN, DIRECT_XMIT_FUNCTION, true)?;
-    attach_kprobe(ebpf, PROG_DIRECT_XMIT_ENTRY, DIRECT_XMIT_FUNCTION, false)
+    kprobes.attach(ebpf, PROG_DIRECT_XMIT_RETURN, DIRECT_XMIT_FUNCTION, true)?;
+    kprobes.attach(ebpf, PROG_DIRECT_XMIT_ENTRY, DIRECT_XMIT_FUNCTION, false)
 }
 
 /// The kprobe on `netif_tx_wake_queue`; from then on it records the wake events (see
 /// `SETTING_WAKE_EVENTS`). Returns the wakers it tells apart.
-fn attach_wake(ebpf: &mut Ebpf, kernel: &KernelInfo) -> anyhow::Result<Vec<String>> {
+fn attach_wake(
+    ebpf: &mut Ebpf,
+    kprobes: &mut Kprobes,
+    kernel: &KernelInfo,
+) -> anyhow::Result<Vec<String>> {
     require_kprobes()?;
     if !kernel.kallsyms.has(WAKE_FUNCTION) {
         bail!("{WAKE_FUNCTION} is not in /proc/kallsyms");
     }
-    attach_kprobe(ebpf, PROG_WAKE_ENTRY, WAKE_FUNCTION, false)?;
+    kprobes.attach(ebpf, PROG_WAKE_ENTRY, WAKE_FUNCTION, false)?;
     let mut settings: Array<&mut MapData, u32> = Array::try_from(
         ebpf.map_mut(MAP_SETTINGS)
             .ok_or_else(|| anyhow!("map {MAP_SETTINGS} missing from the eBPF object"))?,
@@ -541,14 +549,8 @@ pub(crate) fn wake_class_name(class: tap_probe_common::WakeClass) -> &'static st
     }
 }
 
-/// Whether this kernel has kprobes (the perf event source aya attaches them through).
-#[must_use]
-pub(crate) fn has_kprobes() -> bool {
-    std::path::Path::new(KPROBE_PMU).exists()
-}
-
 fn require_kprobes() -> anyhow::Result<()> {
-    if has_kprobes() {
+    if crate::bpf::kprobe::available() {
         Ok(())
     } else {
         bail!("this kernel has no kprobes ({KPROBE_PMU} is missing: CONFIG_KPROBES is off)")
@@ -577,7 +579,11 @@ fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Resu
 
 /// Probes the return, then the entry, of every driver transmit function present; the
 /// returns first so that every recorded entry meets its return.
-fn attach_xmit_kprobes(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<Vec<&'static str>> {
+fn attach_xmit_kprobes(
+    ebpf: &mut Ebpf,
+    kprobes: &mut Kprobes,
+    kallsyms: &Kallsyms,
+) -> anyhow::Result<Vec<&'static str>> {
     require_kprobes()?;
     let present: Vec<&str> = XMIT_FUNCTIONS
         .into_iter()
@@ -587,32 +593,12 @@ fn attach_xmit_kprobes(ebpf: &mut Ebpf, kallsyms: &Kallsyms) -> anyhow::Result<V
         bail!("tun_net_xmit is not in /proc/kallsyms: is the tun module loaded? (modprobe tun)");
     }
     for function in &present {
-        attach_kprobe(ebpf, PROG_XMIT_RETURN, function, true)?;
+        kprobes.attach(ebpf, PROG_XMIT_RETURN, function, true)?;
     }
     for function in &present {
-        attach_kprobe(ebpf, PROG_XMIT_ENTRY, function, false)?;
+        kprobes.attach(ebpf, PROG_XMIT_ENTRY, function, false)?;
     }
     Ok(present)
-}
-
-/// Loads `name` (once) and attaches it to `function`.
-fn attach_kprobe(ebpf: &mut Ebpf, name: &str, function: &str, ret: bool) -> anyhow::Result<()> {
-    let program: &mut KProbe = ebpf
-        .program_mut(name)
-        .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
-        .try_into()?;
-    if program.fd().is_err() {
-        program
-            .load()
-            .with_context(|| format!("loading {name} (kprobe)"))?;
-    }
-    let kind = if ret { "kretprobe" } else { "kprobe" };
-    if let Err(err) = program.attach(function, 0) {
-        // Leave nothing loaded that is not attached.
-        let _ = program.unload();
-        return Err(err).with_context(|| format!("attaching a {kind} to {function}"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

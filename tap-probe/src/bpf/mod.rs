@@ -2,6 +2,7 @@
 //! feed each counter, and the loaded probe with its maps.
 
 pub(crate) mod backend;
+pub(crate) mod kprobe;
 pub(crate) mod missed;
 pub(crate) mod object;
 pub(crate) mod probe;

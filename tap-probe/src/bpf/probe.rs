@@ -20,6 +20,7 @@ use tap_probe_common::{
 };
 
 use crate::bpf::backend::{Backend, Sources};
+use crate::bpf::kprobe::Kprobes;
 use crate::bpf::missed::ProgramMissed;
 use crate::bpf::object::Object;
 use crate::bpf::slots::Slots;
@@ -149,6 +150,8 @@ pub(crate) struct Probe {
     slots: Slots,
     /// The value last written to `GENERATION`.
     generation: u64,
+    /// The kprobes attached, through links that report what they missed.
+    kprobes: Kprobes,
     /// Where a kprobe's perf link reports its misses on this kernel, if it does.
     kprobe_link_missed: Option<u32>,
 }
@@ -201,7 +204,8 @@ impl Probe {
         } else {
             None
         };
-        let sources = crate::bpf::backend::attach(&mut ebpf, backend, kernel)?;
+        let mut kprobes = Kprobes::default();
+        let sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,
@@ -211,6 +215,7 @@ impl Probe {
             tracked: HashMap::new(),
             slots: Slots::new(MAX_QUEUE_SLOTS),
             generation: 0,
+            kprobes,
             kprobe_link_missed: kernel.kprobe_link_missed,
         })
     }
@@ -243,17 +248,14 @@ impl Probe {
         use std::os::fd::AsFd as _;
         let kprobes = self
             .kprobe_link_missed
-            .map(crate::bpf::missed::kprobe_misses)
+            .map(|at| self.kprobes.missed(at))
             .unwrap_or_default();
         let mut out: Vec<ProgramMissed> = self
             .ebpf
             .programs()
             .filter_map(|(name, program)| {
                 let runs = crate::bpf::missed::recursion_misses(program.fd().ok()?.as_fd()).ok()?;
-                let kprobe = matches!(program, aya::programs::Program::KProbe(_))
-                    .then(|| program.info().ok())
-                    .flatten()
-                    .and_then(|info| kprobes.get(&info.id()).copied());
+                let kprobe = kprobes.get(name).copied();
                 Some(ProgramMissed {
                     program: name.to_owned(),
                     runs,

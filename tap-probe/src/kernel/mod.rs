@@ -171,7 +171,7 @@ impl KernelInfo {
         if self.consume_has_location {
             backends.push(Backend::Tracepoint);
         }
-        if crate::bpf::backend::has_kprobes() {
+        if crate::bpf::kprobe::available() {
             backends.push(Backend::Kprobe);
         }
         backends
