@@ -196,15 +196,30 @@ impl Report {
         self.missed.iter().any(|m| m.total() > 0)
     }
 
-    /// The programs that missed something, as `program N` (kprobe hits that ran nothing
-    /// added in), for a display.
+    /// What a view says besides the counts, one sentence each: the programs that missed
+    /// something (as `program N`, kprobe hits that ran nothing added in), and the modules
+    /// that changed since attach.
     #[must_use]
-    pub(crate) fn missed_text(&self) -> Vec<String> {
-        self.missed
+    pub(crate) fn caveats(&self) -> Vec<String> {
+        let missed: Vec<String> = self
+            .missed
             .iter()
             .filter(|m| m.total() > 0)
             .map(|m| format!("{} {}", m.program, m.total()))
-            .collect()
+            .collect();
+        let mut out = Vec::new();
+        if !missed.is_empty() {
+            out.push(format!(
+                "COUNTS MAY BE SHORT: the kernel skipped program runs: {}",
+                missed.join(", ")
+            ));
+        }
+        for change in &self.modules_changed {
+            out.push(format!(
+                "{change} since attach: its devices may be counted wrongly; restart tap-probe"
+            ));
+        }
+        out
     }
 }
 

@@ -508,15 +508,8 @@ pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
         );
     }
     text.push_str(&untracked);
-    if report.may_be_short() {
-        let _ = write!(
-            text,
-            "; COUNTS MAY BE SHORT (runs skipped: {})",
-            report.missed_text().join(", ")
-        );
-    }
-    for change in &report.modules_changed {
-        let _ = write!(text, "; {change} since attach: restart tap-probe");
+    for caveat in report.caveats() {
+        let _ = write!(text, "; {caveat}");
     }
     let reasons = reasons(report);
     if !reasons.is_empty() {

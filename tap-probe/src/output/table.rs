@@ -227,18 +227,8 @@ fn footer(report: &Report, out: &mut String) {
             first.reason
         );
     }
-    if report.may_be_short() {
-        let _ = writeln!(
-            out,
-            "COUNTS MAY BE SHORT: the kernel skipped program runs: {}",
-            report.missed_text().join(", ")
-        );
-    }
-    for change in &report.modules_changed {
-        let _ = writeln!(
-            out,
-            "{change} since attach: its devices may be counted wrongly; restart tap-probe"
-        );
+    for caveat in report.caveats() {
+        let _ = writeln!(out, "{caveat}");
     }
     let _ = writeln!(out, "{:.1} s since attach", report.elapsed_s);
 }

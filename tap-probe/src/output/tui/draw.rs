@@ -72,10 +72,15 @@ fn bold() -> Style {
 fn title_line(state: &State) -> String {
     let devices = state.devices().len();
     format!(
-        " tap-probe watch  {:.1} s  {devices} device{}  sorted by {}",
+        " tap-probe watch  {:.1} s  {devices} device{}  sorted by {}{}",
         state.report.elapsed_s,
         if devices == 1 { "" } else { "s" },
-        state.sorted_by()
+        state.sorted_by(),
+        if state.report.may_be_short() {
+            "  COUNTS MAY BE SHORT (details below)"
+        } else {
+            ""
+        }
     )
 }
 
@@ -230,8 +235,8 @@ fn rate(delta: u64, dt: f64) -> String {
     count((delta as f64 / dt).round() as u64)
 }
 
-/// The queues of a device with several, the other drops by reason, the sources, and the
-/// programs' cost where measured.
+/// The queues of a device with several, the other drops by reason, the sources, what the
+/// kernel skipped, and the programs' cost where measured.
 fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<TextLine<'a>> {
     let mut out = Vec::new();
     if line.folds {
@@ -271,6 +276,13 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
     out.push(TextLine::raw(format!("sources: {}", state.report.sources)));
     for note in &state.report.sources.notes {
         out.push(TextLine::raw(format!("  {note}")));
+    }
+    let caveats = state.report.caveats();
+    if caveats.is_empty() {
+        out.push(TextLine::raw("missed by the kernel: nothing"));
+    }
+    for caveat in caveats {
+        out.push(TextLine::raw(caveat));
     }
     for p in state.report.programs.iter().flatten() {
         out.push(TextLine::raw(clip(

@@ -243,6 +243,28 @@ mod tests {
         );
     }
 
+    /// What the kernel skipped shows in the title and in the detail.
+    #[test]
+    fn counts_that_may_be_short_say_so() {
+        let mut state = state();
+        let text = screen(&state, 100, 36).join("\n");
+        assert!(text.contains("missed by the kernel: nothing"), "{text}");
+        assert!(!text.contains("MAY BE SHORT"), "{text}");
+        let mut report = state.report.clone();
+        report.missed = vec![crate::bpf::missed::ProgramMissed {
+            program: "xmit_entry".to_owned(),
+            runs: 2,
+            kprobe: Some(3),
+        }];
+        state.update(report);
+        let lines = screen(&state, 100, 36);
+        let text = lines.join("\n");
+        assert!(lines[0].contains("COUNTS MAY BE SHORT"), "{text}");
+        // The detail wraps it in its pane: runs skipped and kprobe hits that ran nothing.
+        assert!(text.contains("COUNTS MAY BE SHORT: the kernel"), "{text}");
+        assert!(text.contains("xmit_entry 5"), "{text}");
+    }
+
     #[test]
     fn the_legend_covers_the_screen_until_a_key() {
         let mut state = state();
