@@ -224,14 +224,13 @@ impl Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
 
-    /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
-    #[test]
-    fn row_json_is_unchanged() {
-        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"flows_joined":0,"ifindex":7,"ifname":"tap0","kernel":{"skew":0,"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"reordered":5,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
-        let row = Row {
+    /// A row with every field set, most counters not zero.
+    pub(crate) fn full_row() -> Row {
+        Row {
             ifname: "tap0".to_owned(),
             ifindex: 7,
             netns: "ns".to_owned(),
@@ -286,7 +285,26 @@ mod tests {
                 skew: 0,
             },
             retired: false,
-        };
+        }
+    }
+
+    /// The sources of a probe that runs on tracepoints alone.
+    pub(crate) fn sources() -> Sources {
+        Sources {
+            xmit: Xmit::Tracepoints,
+            consumed: Consume::Tracepoint,
+            requeues: Requeues::DequeuePairs,
+            wakes: Wakes::Inferred,
+            ring: Ring::Unavailable("not in this test".to_owned()),
+            notes: Vec::new(),
+        }
+    }
+
+    /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
+    #[test]
+    fn row_json_is_unchanged() {
+        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"flows_joined":0,"ifindex":7,"ifname":"tap0","kernel":{"skew":0,"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"reordered":5,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        let row = full_row();
         let json = serde_json::to_value(&row).unwrap().to_string();
         assert_eq!(json, GOLDEN);
         let mut before = row.clone();

@@ -472,7 +472,7 @@ mod tests {
     use tap_probe_common::QueueCounters;
 
     use super::*;
-    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use crate::bpf::backend::Sources;
     use crate::bpf::probe::{DeviceCounters, RingOccupancy};
     use crate::host::discovery::DeviceKind;
     use crate::os::netlink::LinkStats;
@@ -542,14 +542,7 @@ mod tests {
                 tracked: HashMap::new(),
                 calls: Vec::new(),
                 now_ns: 1_000_000_000,
-                sources: Sources {
-                    xmit: Xmit::Tracepoints,
-                    consumed: Consume::Tracepoint,
-                    requeues: Requeues::DequeuePairs,
-                    wakes: Wakes::Inferred,
-                    ring: Ring::Unavailable("not in this test".to_owned()),
-                    notes: Vec::new(),
-                },
+                sources: crate::host::report::tests::sources(),
                 room: usize::MAX,
                 wire: RefCell::new(None),
                 missed: Vec::new(),

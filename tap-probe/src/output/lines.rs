@@ -214,7 +214,6 @@ pub(crate) mod tests {
     use tap_probe_common::QueueCounters;
 
     use super::*;
-    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
     use crate::host::discovery::{DeviceKind, Owner};
     use crate::host::report::KernelDeltas;
 
@@ -255,14 +254,7 @@ pub(crate) mod tests {
     pub(crate) fn report(elapsed_s: f64, rows: Vec<Row>) -> Report {
         Report {
             elapsed_s,
-            sources: Sources {
-                xmit: Xmit::Tracepoints,
-                consumed: Consume::Tracepoint,
-                requeues: Requeues::DequeuePairs,
-                wakes: Wakes::Inferred,
-                ring: Ring::Unavailable("not in this test".to_owned()),
-                notes: Vec::new(),
-            },
+            sources: crate::host::report::tests::sources(),
             programs: None,
             untracked: Vec::new(),
             missed: Vec::new(),

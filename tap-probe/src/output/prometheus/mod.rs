@@ -196,83 +196,21 @@ fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::discovery::DeviceKind;
-    use crate::host::report::KernelDeltas;
-    use tap_probe_common::QueueCounters;
 
+    /// A row with every field set, of device `name` in a namespace whose name needs
+    /// escaping.
     fn row(name: &str, queue: u32) -> Row {
         Row {
             ifname: name.to_owned(),
-            ifindex: 7,
             netns: "vm \"a\"\\b\nc".to_owned(),
-            kind: DeviceKind::Tap,
             queue,
             owner: None,
-            counters: QueueCounters {
-                xmit_calls: 10,
-                enqueued: 7,
-                busy: 1,
-                dropped_full_ring: 2,
-                dropped_other: 0,
-                reordered: 5,
-                flows_joined: 0,
-                consumed: 6,
-                queue_stops: 1,
-                queue_wakes: 1,
-                stopped_ns: 1_500_000_000,
-                reader_sleeps: 4,
-                requeued_stopped: 2,
-                wakes_reader: 1,
-                wakes_vhost: 0,
-                wakes_forced: 0,
-                wakes_other: 0,
-                wakes_recheck: 3,
-            },
-            stopped: true,
-            stuck: true,
-            occupancy: Some(RingOccupancy {
-                current: Some(3),
-                max: 8,
-                samples: 4,
-                sum: 14,
-                histogram: {
-                    // Samples 1, 2, 3 and 8.
-                    let mut h = [0; tap_probe_common::OCCUPANCY_BUCKETS];
-                    h[1] = 1;
-                    h[2] = 2;
-                    h[4] = 1;
-                    h
-                },
-            }),
-            backpressure: Some(true),
-            wake_sources: true,
-            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
-            kernel: KernelDeltas {
-                tx_packets: 6,
-                tx_dropped: 2,
-                skew: 0,
-            },
-            retired: false,
+            ..crate::host::report::tests::full_row()
         }
     }
 
     fn report(rows: Vec<Row>) -> Report {
-        Report {
-            elapsed_s: 2.5,
-            sources: crate::bpf::backend::Sources {
-                xmit: crate::bpf::backend::Xmit::Tracepoints,
-                consumed: crate::bpf::backend::Consume::Tracepoint,
-                requeues: crate::bpf::backend::Requeues::DequeuePairs,
-                wakes: crate::bpf::backend::Wakes::Inferred,
-                ring: crate::bpf::backend::Ring::Unavailable("not in this test".to_owned()),
-                notes: Vec::new(),
-            },
-            programs: None,
-            rows,
-            untracked: Vec::new(),
-            missed: Vec::new(),
-            modules_changed: Vec::new(),
-        }
+        crate::output::lines::tests::report(2.5, rows)
     }
 
     #[test]
