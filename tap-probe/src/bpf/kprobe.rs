@@ -20,7 +20,7 @@ use anyhow::{Context as _, anyhow};
 use aya::Ebpf;
 use aya::programs::KProbe;
 
-use crate::bpf::missed::{object_info, u64_at};
+use crate::bpf::missed::{bpf, object_info, u64_at};
 
 /// The kernel's kprobe PMU: its perf type and the config bit of a return probe.
 pub(crate) const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe";
@@ -144,32 +144,20 @@ impl Kprobes {
 /// kernel has no perf links (then the caller attaches the old way).
 fn link(program: BorrowedFd<'_>, function: &str, ret: bool) -> anyhow::Result<Option<OwnedFd>> {
     let event = open_event(function, ret)?;
-    let attr = LinkCreateAttr {
+    let mut attr = LinkCreateAttr {
         prog_fd: fd_number(program),
         target_fd: fd_number(event.as_fd()),
         attach_type: BPF_PERF_EVENT,
         flags: 0,
         bpf_cookie: 0,
     };
-    // SAFETY: the attribute is a prefix of `union bpf_attr` that outlives the call; the
-    // kernel reads `size_of` bytes of it and zero-fills the rest.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_CREATE,
-            &raw const attr,
-            size_of::<LinkCreateAttr>(),
-        )
+    // SAFETY: the attribute holds no pointer.
+    let rc = match unsafe { bpf(BPF_LINK_CREATE, &mut attr) } {
+        Ok(rc) => rc,
+        // No BPF_LINK_CREATE for perf events (before 5.15).
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+        Err(err) => return Err(err).context("BPF_LINK_CREATE on the kprobe's perf event"),
     };
-    if rc < 0 {
-        let err = std::io::Error::last_os_error();
-        // EINVAL: no BPF_LINK_CREATE for perf events (before 5.15).
-        return if err.raw_os_error() == Some(libc::EINVAL) {
-            Ok(None)
-        } else {
-            Err(err).context("BPF_LINK_CREATE on the kprobe's perf event")
-        };
-    }
     // The link holds its own reference to the event: closing `event` detaches nothing.
     // SAFETY: on success the call returns a new descriptor that nothing else owns.
     Ok(Some(unsafe {

@@ -52,19 +52,22 @@ pub(super) fn object_info(fd: RawFd, info: &mut [u8]) -> std::io::Result<()> {
         info: info.as_mut_ptr() as u64,
     };
     // SAFETY: the attribute points at `info`, which outlives the call; the kernel writes
-    // at most `info_len` bytes.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &raw mut attr,
-            size_of::<InfoAttr>(),
-        )
-    };
+    // at most `info_len` bytes there.
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }.map(drop)
+}
+
+/// The `bpf(2)` system call: command `cmd` on `attr`, a prefix of `union bpf_attr` (the
+/// kernel reads that many bytes and takes the rest as zero); what it returns.
+///
+/// # Safety
+/// Every pointer in `attr` must be valid for what `cmd` does with it.
+pub(super) unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is valid for its size; its pointers are the caller's to vouch for.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    Ok(rc)
 }
 
 pub(super) fn u64_at(info: &[u8], at: usize) -> u64 {

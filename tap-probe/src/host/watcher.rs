@@ -804,23 +804,29 @@ mod tests {
         assert_eq!(order, [("a-ns", "b"), ("ns", "a"), ("ns", "z")]);
     }
 
-    /// Attached while a load runs (packets flow between any two reads, in bursts): once the
-    /// traffic stops, the kernel's column and the probes' agree exactly, and the skew says so.
-    #[test]
-    fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
+    /// A tracker of one tap that has sent 5,000 packets, on which `per_call[i]` more pass
+    /// at the i-th read of any counter (cycling).
+    fn under_load(per_call: Vec<u64>) -> Tracker<FakeHost> {
         let mut t = tracker();
-        let key = DeviceKey {
-            netns: 7,
-            ifindex: 3,
-        };
         t.host.devices = vec![device(3, "tap0", 5_000, 0)];
         *t.host.wire.get_mut() = Some(Wire {
-            key,
-            per_call: vec![2, 0, 3, 0, 0, 1, 0],
+            key: DeviceKey {
+                netns: 7,
+                ifindex: 3,
+            },
+            per_call,
             calls: 0,
             kernel: 0,
             ours: 0,
         });
+        t
+    }
+
+    /// Attached while a load runs (packets flow between any two reads, in bursts): once the
+    /// traffic stops, the kernel's column and the probes' agree exactly, and the skew says so.
+    #[test]
+    fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
+        let mut t = under_load(vec![2, 0, 3, 0, 0, 1, 0]);
         for _ in 0..5 {
             let row = t.refresh().unwrap().rows.remove(0);
             assert!(
@@ -842,19 +848,7 @@ mod tests {
     /// difference instead of hiding it.
     #[test]
     fn a_load_without_pauses_shows_its_skew() {
-        let mut t = tracker();
-        let key = DeviceKey {
-            netns: 7,
-            ifindex: 3,
-        };
-        t.host.devices = vec![device(3, "tap0", 5_000, 0)];
-        *t.host.wire.get_mut() = Some(Wire {
-            key,
-            per_call: vec![1],
-            calls: 0,
-            kernel: 0,
-            ours: 0,
-        });
+        let mut t = under_load(vec![1]);
         t.refresh().unwrap();
         t.host.wire.get_mut().as_mut().unwrap().per_call = vec![0];
         let row = t.refresh().unwrap().rows.remove(0);
