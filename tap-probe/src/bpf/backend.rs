@@ -231,6 +231,15 @@ impl std::fmt::Display for Ring {
 }
 
 impl Sources {
+    /// Whether any counter comes from a kprobe.
+    #[must_use]
+    pub(crate) fn uses_kprobes(&self) -> bool {
+        matches!(self.xmit, Xmit::Kprobes(_))
+            || self.consumed == Consume::Kprobe
+            || self.requeues == Requeues::Kprobes
+            || matches!(self.wakes, Wakes::Callers(_))
+    }
+
     /// Whether `requeued_stopped` may miss packets put back from a qdisc's bypass (the
     /// tracepoint source); where it may not, `busy + requeued_stopped` is every requeue.
     #[must_use]

@@ -120,6 +120,12 @@ impl Kprobes {
         Ok(())
     }
 
+    /// Whether every kprobe was attached through a link (which reports its misses).
+    #[must_use]
+    pub(crate) fn all_linked(&self) -> bool {
+        self.unlinked.is_empty()
+    }
+
     /// The `nmissed` of every kprobe, summed by program; `missed_at` is
     /// `offsetof(struct bpf_link_info, perf_event.kprobe.missed)` on this kernel (from
     /// BTF). A program with a kprobe attached without a link is left out: what it missed

@@ -267,6 +267,13 @@ impl Probe {
         out
     }
 
+    /// Whether the kernel reports what this probe's kprobes missed: it does through their
+    /// links, since Linux 6.7.
+    #[must_use]
+    pub(crate) fn reports_kprobe_misses(&self) -> bool {
+        self.kprobe_link_missed.is_some() && self.kprobes.all_linked()
+    }
+
     /// Passes the programs' messages since the last call on to the log.
     pub(crate) fn flush_log(&mut self) {
         if let Some(logger) = &mut self.logger {

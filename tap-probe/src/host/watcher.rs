@@ -125,6 +125,13 @@ impl Watcher {
         self.0.host.missed().iter().map(ProgramMissed::total).sum()
     }
 
+    /// Whether some counters come from kprobes while the kernel does not report their
+    /// kprobes' own misses (before Linux 6.7): those counts may then be short unsaid.
+    #[must_use]
+    pub fn kprobe_misses_unreported(&self) -> bool {
+        self.sources().uses_kprobes() && !self.0.host.probe.reports_kprobe_misses()
+    }
+
     /// What feeds each counter.
     #[must_use]
     pub(crate) fn sources(&self) -> &crate::bpf::backend::Sources {
