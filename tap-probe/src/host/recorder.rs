@@ -2,8 +2,7 @@
 //! events of different CPUs reach the ring buffer slightly out of order, so memory stays
 //! bounded however long the recording runs.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Seek as _, Write};
 
 use anyhow::Context as _;
@@ -127,8 +126,8 @@ pub(crate) const REORDER_MAX: usize = 1 << 20;
 pub(crate) struct Recorder<W: Write> {
     writer: TraceWriter<W>,
     devices: HashMap<DeviceKey, u16>,
-    heap: BinaryHeap<Reverse<Pending>>,
-    seq: u64,
+    /// Events held, in time order (events of one time in the order they came).
+    held: VecDeque<Pending>,
     newest: u64,
     /// Events for devices not in the header (none expected: only tracked devices emit).
     pub(crate) foreign: u64,
@@ -139,15 +138,13 @@ pub(crate) struct Recorder<W: Write> {
     last_written: u64,
 }
 
-#[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct Pending {
     ts: u64,
-    seq: u64,
     ev: EventBits,
 }
 
-/// `tap_probe_trace::Event` with an ordering, for the heap.
-#[derive(PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
+/// `tap_probe_trace::Event` without its time.
+#[derive(Clone, Copy)]
 struct EventBits {
     device: u16,
     queue: u16,
@@ -179,8 +176,7 @@ impl<W: Write> Recorder<W> {
         Ok(Self {
             writer: TraceWriter::new(out, header).context("writing the trace header")?,
             devices,
-            heap: BinaryHeap::new(),
-            seq: 0,
+            held: VecDeque::new(),
             newest: 0,
             foreign: 0,
             malformed: 0,
@@ -222,10 +218,8 @@ impl<W: Write> Recorder<W> {
             return Ok(());
         }
         self.newest = self.newest.max(ev.ts_ns);
-        self.seq += 1;
-        self.heap.push(Reverse(Pending {
+        let pending = Pending {
             ts: ev.ts_ns,
-            seq: self.seq,
             ev: EventBits {
                 device,
                 queue: ev.queue,
@@ -233,8 +227,17 @@ impl<W: Write> Recorder<W> {
                 kind: ev.kind,
                 reason: ev.reason,
             },
-        }));
-        if self.heap.len() > REORDER_MAX {
+        };
+        // Events come nearly in time order (a program stamps its event just before it
+        // takes its place in the ring buffer): an event's place is found from the back,
+        // where it nearly always is, after those of the same time that came before it.
+        let at = self
+            .held
+            .iter()
+            .rposition(|p| p.ts <= pending.ts)
+            .map_or(0, |i| i + 1);
+        self.held.insert(at, pending);
+        if self.held.len() > REORDER_MAX {
             self.write_oldest()?;
         }
         Ok(())
@@ -246,14 +249,14 @@ impl<W: Write> Recorder<W> {
     /// When writing fails.
     pub(crate) fn flush_settled(&mut self) -> anyhow::Result<()> {
         let limit = self.newest.saturating_sub(REORDER_WINDOW_NS);
-        while self.heap.peek().is_some_and(|p| p.0.ts <= limit) {
+        while self.held.front().is_some_and(|p| p.ts <= limit) {
             self.write_oldest()?;
         }
         Ok(())
     }
 
     fn write_oldest(&mut self) -> io::Result<()> {
-        let Some(Reverse(p)) = self.heap.pop() else {
+        let Some(p) = self.held.pop_front() else {
             return Ok(());
         };
         if p.ts < self.last_written {
@@ -289,7 +292,7 @@ impl<W: Write> Recorder<W> {
     /// When writing fails.
     #[cfg(test)]
     pub(crate) fn finish(mut self) -> anyhow::Result<(W, Trailer)> {
-        while !self.heap.is_empty() {
+        while !self.held.is_empty() {
             self.write_oldest()?;
         }
         Ok(self.writer.finish()?)
@@ -315,8 +318,8 @@ impl<W: Sink> Recorder<W> {
                 Err(error) => error,
             },
         };
-        let held = self.heap.len() as u64;
-        self.heap.clear();
+        let held = self.held.len() as u64;
+        self.held.clear();
         let mut cut = self.writer.cut_back();
         let dropped = held + cut.events;
         let trailer = match self.writer.get_mut().cut_to(cut.offset) {
@@ -347,7 +350,7 @@ impl<W: Sink> Recorder<W> {
         if lost > 0 {
             self.writer.lost(ts_ns, lost)?;
         }
-        while !self.heap.is_empty() {
+        while !self.held.is_empty() {
             self.write_oldest()?;
         }
         self.writer.end()
@@ -414,5 +417,38 @@ mod tests {
             })
             .collect();
         assert_eq!(times, vec![1_000, 5_000, 7_000, 3 * REORDER_WINDOW_NS]);
+    }
+
+    #[test]
+    fn events_of_one_time_keep_the_order_they_came_in() {
+        let mut r = Recorder::new(Vec::new(), &header()).unwrap();
+        let came = [
+            (5_000, EventKind::Enqueued),
+            (5_000, EventKind::Consumed),
+            (3_000, EventKind::QueueStop),
+            (5_000, EventKind::Busy),
+            (1_000, EventKind::DroppedFullRing),
+        ];
+        for (ts, kind) in came {
+            r.push(&ev(ts, kind)).unwrap();
+        }
+        let (bytes, _) = r.finish().unwrap();
+        let written: Vec<(u64, EventKind)> = TraceReader::new(bytes.as_slice())
+            .unwrap()
+            .filter_map(|r| match r.unwrap() {
+                Record::Event(e) => Some((e.ts_ns, e.kind)),
+                Record::Lost { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            written,
+            vec![
+                (1_000, EventKind::DroppedFullRing),
+                (3_000, EventKind::QueueStop),
+                (5_000, EventKind::Enqueued),
+                (5_000, EventKind::Consumed),
+                (5_000, EventKind::Busy),
+            ]
+        );
     }
 }

@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 
 use tap_probe_common::FRAME_MAGIC;
 
 use crate::lab::pacer::{Pacer, deadline_after};
+use crate::os::clock::poll_timeout;
 use crate::os::tap::Tap;
 
 const ETH_HDR: usize = 14;
@@ -579,10 +580,6 @@ fn readable(fd: BorrowedFd<'_>, timeout: Duration) -> Result<bool> {
         }
         Err(err) => Err(err).context("poll on the tap queue failed"),
     }
-}
-
-fn poll_timeout(d: Duration) -> PollTimeout {
-    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
 }
 
 fn serialize_secs<S: serde::Serializer>(

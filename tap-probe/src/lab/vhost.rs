@@ -98,7 +98,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::lab::pacer::{Pacer, deadline_after};
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 use nix::sys::ioctl::ioctl_num_type;
 
 // The ring is shared with the kernel in its byte order; virtio 1.0 rings are little endian.
@@ -556,10 +556,7 @@ impl VhostReader {
             PollFd::new(self.call.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.error.as_fd(), PollFlags::POLLIN),
         ];
-        let polled = nix::poll::poll(
-            &mut fds,
-            PollTimeout::try_from(slice).unwrap_or(PollTimeout::MAX),
-        );
+        let polled = nix::poll::poll(&mut fds, crate::os::clock::poll_timeout(slice));
         let call_ready = fds[0]
             .revents()
             .is_some_and(|r| r.contains(PollFlags::POLLIN));

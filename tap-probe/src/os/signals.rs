@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
@@ -108,8 +108,7 @@ impl Stop {
                 break;
             }
             let mut fds = [PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-            let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
-            match nix::poll::poll(&mut fds, timeout) {
+            match nix::poll::poll(&mut fds, crate::os::clock::poll_timeout(left)) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 // poll on a valid eventfd does not fail otherwise; sleep instead of spinning.
                 Err(_) => std::thread::sleep(left),
