@@ -24,6 +24,10 @@ pub const MAP_EVENTS: &str = "EVENTS";
 /// Per-CPU count of events that did not fit in `EVENTS` (never silent).
 pub const MAP_EVENTS_LOST: &str = "EVENTS_LOST";
 pub const GLOBAL_RECORD_EVENTS: &str = "RECORD_EVENTS";
+/// 1 when the programs sample tun/tap rings (`ring_occupancy`); set by the loader.
+pub const GLOBAL_SAMPLE_RING: &str = "SAMPLE_RING";
+/// 1 when the programs follow flows' order (`reordered`); set by the loader.
+pub const GLOBAL_FOLLOW_FLOWS: &str = "FOLLOW_FLOWS";
 
 /// The kprobe backend's programs.
 pub const PROG_XMIT_ENTRY: &str = "xmit_entry";

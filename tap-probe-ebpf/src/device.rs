@@ -131,10 +131,11 @@ fn store(cache: *mut DeviceCache, entry: &DeviceCache) {
 }
 
 /// `slot_flags` without [`DEVICE_TUN`] unless the device's private area is a `tun_struct`
-/// that points back at `dev`: a wrong offset never leads the ring samples astray.
+/// that points back at `dev` (and rings are sampled at all): a wrong offset never leads the
+/// ring samples astray.
 #[inline(always)]
 fn tun_checked(dev: u64, slot_flags: u32) -> u32 {
-    if slot_flags & DEVICE_TUN == 0 || fact!(ring.known) == 0 {
+    if slot_flags & DEVICE_TUN == 0 || fact!(ring.known) == 0 || !crate::ring::wanted() {
         return !DEVICE_TUN;
     }
     let tun = dev + u64::from(fact!(ring.dev_priv));

@@ -61,6 +61,18 @@ const TCP_COUNTED: u32 = 1;
 const TCP_ACK: u32 = 2;
 const FRAME: u32 = 3;
 
+/// 1 when the loader wants flows followed (`reordered`); a recording, which does not carry
+/// the count, leaves them alone.
+#[unsafe(no_mangle)]
+static FOLLOW_FLOWS: u32 = 0;
+
+#[inline(always)]
+fn following() -> bool {
+    // SAFETY: a plain read of the loader's value; volatile so the zero is not folded.
+    let on = unsafe { core::ptr::read_volatile(&raw const FOLLOW_FLOWS) };
+    on != 0
+}
+
 #[map]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
 
@@ -111,6 +123,9 @@ struct FrameHead {
 /// A driver call of the tracked device `device` begins with `skb`: stash its place.
 #[inline(always)]
 pub(crate) fn driver_call(skb: u64, device: DeviceKey) {
+    if !following() {
+        return;
+    }
     let Some(p) = PLACE.get_ptr_mut(0) else {
         return;
     };
@@ -190,6 +205,9 @@ fn place(skb: u64, device: DeviceKey) -> Option<Place> {
 /// out of its flow's order.
 #[inline(always)]
 pub(crate) fn taken(c: &mut QueueCounters) {
+    if !following() {
+        return;
+    }
     let Some(p) = PLACE.get_ptr_mut(0) else {
         return;
     };

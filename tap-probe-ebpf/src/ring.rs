@@ -14,6 +14,20 @@ use crate::clock::Clock;
 use crate::device::At;
 use crate::facts::{fact, read};
 
+/// 1 when the loader wants rings sampled. A sample reads the ring position the other side
+/// of the ring writes (the reader's at a driver call, the driver's at a take): a cache line
+/// that moves between CPUs at every packet, the larger part of a sample's cost.
+#[unsafe(no_mangle)]
+static SAMPLE_RING: u32 = 0;
+
+/// Whether rings are sampled at all (read once per device cache fill).
+#[inline(always)]
+pub(crate) fn wanted() -> bool {
+    // SAFETY: a plain read of the loader's value; volatile so the zero is not folded.
+    let on = unsafe { core::ptr::read_volatile(&raw const SAMPLE_RING) };
+    on != 0
+}
+
 /// The most of `struct ptr_ring` read at once; the loader keeps `ring.span_len` within it.
 const SPAN_MAX: usize = 256;
 

@@ -603,6 +603,88 @@ fn prometheus_endpoint_serves_the_counters() {
     drop(ns);
 }
 
+/// `--no-occupancy` leaves the rings unread, says so in the sources, and changes no count.
+#[test]
+fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
+    const FRAMES: u64 = 500;
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("noocc").unwrap();
+    let tap = common::tap_in(&ns, "tpo0", RootQdisc::Noqueue).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["watch", "--dev", "tpo0", "--netns", ns.name()])
+        .args(["--format", "json", "--interval", "0.2", "--no-occupancy"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut guard = ChildGuard(Some(child));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    // The first report: the tap is tracked before the first frame.
+    let first = rx
+        .recv_timeout(Duration::from_secs(30) * common::slowdown())
+        .expect("watch reports within its attach time");
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(first["rows"][0]["ifname"], "tpo0", "{first}");
+
+    let driven = tap_probe::lab::Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: tap_probe::lab::SenderConfig {
+            batch: 1,
+            pps: Some(5_000),
+            ..tap_probe::lab::SenderConfig::new(0, FRAMES, Duration::from_secs(10))
+        },
+        reader: tap_probe::lab::ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(20),
+            max_packets: Some(FRAMES),
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap();
+    assert_eq!(driven.sent.sent, FRAMES, "{:?}", driven.sent);
+    assert_eq!(driven.read[0].packets, FRAMES);
+
+    let child = guard.0.take().unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = {
+        let mut child = child;
+        child.wait().unwrap()
+    };
+    assert!(status.success(), "watch exits cleanly on SIGTERM");
+    let last: serde_json::Value =
+        serde_json::from_str(&rx.iter().last().expect("a final summary")).unwrap();
+    assert_eq!(last["final"], true, "{last}");
+    let ring = last["sources"]["ring_occupancy"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(ring.contains("--no-occupancy"), "{last}");
+    let row = &last["rows"][0];
+    assert!(row["ring_occupancy"].is_null(), "{row}");
+    for counter in ["xmit_calls", "enqueued", "consumed"] {
+        assert_eq!(row[counter], FRAMES, "{counter}: {row}");
+    }
+    assert_eq!(row["dropped_full_ring"], 0, "{row}");
+    assert_eq!(row["kernel"]["tx_packets"], FRAMES, "{row}");
+    drop(tap);
+    drop(ns);
+}
+
 /// The final JSON object of one `watch --format json` run over `ns`, and its stderr.
 fn watch_json(ns: &str, extra: &[&str]) -> (serde_json::Value, String) {
     let out = Command::new(BIN)

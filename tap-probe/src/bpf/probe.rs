@@ -13,13 +13,14 @@ use aya::{
     },
 };
 use tap_probe_common::{
-    Dequeued, DeviceKey, DeviceSlot, DropKey, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, MAP_COUNTERS,
-    MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION,
-    MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAX_DEVICES, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS,
-    QueueCounters, ReaderState, RingSamples,
+    Dequeued, DeviceKey, DeviceSlot, DropKey, GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL,
+    GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_COUNTERS, MAP_DEQUEUED, MAP_DEVICES,
+    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_OCCUPANCY, MAP_QUEUE_STATE,
+    MAP_READERS, MAX_DEVICES, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS, QueueCounters, ReaderState,
+    RingSamples,
 };
 
-use crate::bpf::backend::{Backend, Sources};
+use crate::bpf::backend::{Backend, Ring, Sources};
 use crate::bpf::kprobe::Kprobes;
 use crate::bpf::missed::ProgramMissed;
 use crate::bpf::object::Object;
@@ -140,6 +141,44 @@ impl EventsLost {
     }
 }
 
+/// What the programs count beyond the counters every use needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Counting {
+    /// Per-packet events, for `record`.
+    pub(crate) events: bool,
+    /// Ring occupancy: a read of the ring at every driver call and reader take.
+    pub(crate) occupancy: bool,
+    /// Flows' order (`reordered`): the packet's headers at every driver call.
+    pub(crate) flows: bool,
+    /// What the sources say when occupancy is off.
+    pub(crate) why_no_occupancy: &'static str,
+}
+
+impl Counting {
+    /// Every counter, no events: `watch` and what shows its counters.
+    pub(crate) const WATCH: Self = Self {
+        events: false,
+        occupancy: true,
+        flows: true,
+        why_no_occupancy: "",
+    };
+
+    /// `watch --no-occupancy`.
+    pub(crate) const WATCH_WITHOUT_OCCUPANCY: Self = Self {
+        occupancy: false,
+        why_no_occupancy: "turned off (--no-occupancy)",
+        ..Self::WATCH
+    };
+
+    /// Events, and none of the counters a trace does not carry.
+    pub(crate) const RECORD: Self = Self {
+        events: true,
+        occupancy: false,
+        flows: false,
+        why_no_occupancy: "not recorded",
+    };
+}
+
 pub(crate) struct Probe {
     ebpf: Ebpf,
     /// The programs' debug messages, when the log level shows them.
@@ -157,17 +196,18 @@ pub(crate) struct Probe {
 }
 
 impl Probe {
-    /// As [`Probe::attach_backend`] with `auto`, and the programs also emit per-packet
-    /// [`tap_probe_common::TraceEvent`]s into the ring buffer that [`Probe::take_events`] hands out.
+    /// As [`Probe::attach_backend`] with `auto`, counting what a recording needs: the
+    /// programs emit per-packet [`tap_probe_common::TraceEvent`]s into the ring buffer that
+    /// [`Probe::take_events`] hands out.
     ///
     /// # Errors
     /// As [`Probe::attach_backend`].
     pub(crate) fn attach_recording(kernel: &KernelInfo) -> anyhow::Result<Self> {
-        Self::attach_backend(kernel, Backend::Auto, true)
+        Self::attach_backend(kernel, Backend::Auto, Counting::RECORD)
     }
 
     /// Loads the object and attaches the sources `backend` calls for (see
-    /// [`crate::bpf::backend`]); `record` turns on per-packet events.
+    /// [`crate::bpf::backend`]); `counting` says what the programs count.
     ///
     /// # Errors
     /// When the kernel refuses to load or attach a program (nothing stays attached then), or
@@ -175,7 +215,7 @@ impl Probe {
     pub(crate) fn attach_backend(
         kernel: &KernelInfo,
         backend: Backend,
-        record: bool,
+        counting: Counting,
     ) -> anyhow::Result<Self> {
         // The programs report rare anomalies with aya-log at debug level. Below that level
         // they are switched off in the object's read-only data, so the verifier prunes them.
@@ -185,13 +225,17 @@ impl Probe {
         } else {
             0
         };
-        let record_events = u32::from(record);
+        let record_events = u32::from(counting.events);
+        let sample_ring = u32::from(counting.occupancy);
+        let follow_flows = u32::from(counting.flows);
         let mut loader = EbpfLoader::new();
         loader
             .override_global(GLOBAL_KERNEL, &kernel.facts, true)
             .override_global(GLOBAL_RECORD_EVENTS, &record_events, true)
+            .override_global(GLOBAL_SAMPLE_RING, &sample_ring, true)
+            .override_global(GLOBAL_FOLLOW_FLOWS, &follow_flows, true)
             .override_global(aya_log::LEVEL, &log_level, false);
-        if !record {
+        if !counting.events {
             // Without recording nothing writes the event ring: one page instead of 16 MiB of
             // locked kernel memory (a ring buffer is a power of two of pages).
             loader.map_max_entries(MAP_EVENTS, EVENTS_RING_IDLE_BYTES);
@@ -205,7 +249,10 @@ impl Probe {
             None
         };
         let mut kprobes = Kprobes::default();
-        let sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
+        let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
+        if !counting.occupancy {
+            sources.ring = Ring::Unavailable(counting.why_no_occupancy.to_owned());
+        }
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,

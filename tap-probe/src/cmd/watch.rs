@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use crate::bpf::backend::Backend;
+use crate::bpf::probe::Counting;
 use crate::cli::Format;
 use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
@@ -37,6 +38,11 @@ pub(crate) struct Args {
     /// ns per run); turning the measurement on adds two clock reads per run.
     #[arg(long)]
     pub(crate) program_stats: bool,
+    /// Leave the tun/tap rings' occupancy unsampled. A sample reads the ring position the
+    /// other side writes, a cache line that then moves between CPUs at every packet: the
+    /// most costly counter under a flood (README, "Benchmarks", has the figures).
+    #[arg(long)]
+    pub(crate) no_occupancy: bool,
     /// Call a queue stuck when it stays stopped this many seconds with no packet taken by
     /// its reader.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::duration)]
@@ -89,7 +95,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .then(crate::bpf::probe::enable_run_stats)
         .transpose()?;
     let kernel = KernelInfo::load()?;
-    let mut watcher = Watcher::with_backend(&kernel, &filter, args.backend)?;
+    let counting = if args.no_occupancy {
+        Counting::WATCH_WITHOUT_OCCUPANCY
+    } else {
+        Counting::WATCH
+    };
+    let mut watcher = Watcher::counting(&kernel, &filter, args.backend, counting)?;
     watcher.set_stuck_after(args.stuck_after);
     log::info!("sources: {}", watcher.sources());
     let first = watcher.refresh()?;

@@ -8,7 +8,7 @@ use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE, QueueCounters};
 
 use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
 use crate::bpf::missed::ProgramMissed;
-use crate::bpf::probe::{DeviceCounters, Full, Probe};
+use crate::bpf::probe::{Counting, DeviceCounters, Full, Probe};
 use crate::host::baseline::{self, Baseline, counted_between};
 use crate::host::discovery::{Device, Discovery, Filter};
 use crate::host::report::{KernelDeltas, Report, Row, RowContext, device_rows};
@@ -95,9 +95,22 @@ impl Watcher {
         filter: &Filter,
         backend: Backend,
     ) -> anyhow::Result<Self> {
+        Self::counting(kernel, filter, backend, Counting::WATCH)
+    }
+
+    /// Attaches the probes of `backend`, counting what `counting` says.
+    ///
+    /// # Errors
+    /// As [`Watcher::with_backend`].
+    pub(crate) fn counting(
+        kernel: &KernelInfo,
+        filter: &Filter,
+        backend: Backend,
+        counting: Counting,
+    ) -> anyhow::Result<Self> {
         let host = LiveHost {
             discovery: Discovery::new(filter)?,
-            probe: Probe::attach_backend(kernel, backend, false)?,
+            probe: Probe::attach_backend(kernel, backend, counting)?,
             modules: kernel.modules.clone(),
         };
         let mut tracker = Tracker::on(host, kernel.drop_reasons.clone());

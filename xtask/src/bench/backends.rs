@@ -105,19 +105,22 @@ impl Variant {
     fn probe(self) -> Probe {
         match self {
             Self::ProbeOff => Probe::None,
-            Self::Kprobe => Probe::Watch(Some("kprobe")),
-            Self::Auto => Probe::Watch(Some("auto")),
-            Self::Tracepoint => Probe::Watch(Some("tracepoint")),
-            Self::Fentry => Probe::Watch(Some("fentry")),
+            Self::Kprobe => Probe::Watch(&["--backend", "kprobe"]),
+            Self::Auto => Probe::Watch(&["--backend", "auto"]),
+            Self::Tracepoint => Probe::Watch(&["--backend", "tracepoint"]),
+            Self::Fentry => Probe::Watch(&["--backend", "fentry"]),
         }
     }
 }
 
 impl fmt::Display for Variant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.probe() {
-            Probe::Watch(Some(backend)) => backend,
-            _ => "probe-off",
+        f.write_str(match self {
+            Self::ProbeOff => "probe-off",
+            Self::Kprobe => "kprobe",
+            Self::Auto => "auto",
+            Self::Tracepoint => "tracepoint",
+            Self::Fentry => "fentry",
         })
     }
 }

@@ -1,9 +1,10 @@
 //! `cargo xtask bench overhead`: what watching costs the traffic it watches, and the
 //! traffic it does not.
 //!
-//! With `--traffic tap` (the default) each round runs `tap-probe load` three ways: (A) with
-//! no probe, (B) with `tap-probe watch` attached, (C) with a bpftrace one-liner that counts
-//! the same events, in the alternating order of the A/B harness (A, B, C, then C, B, A).
+//! With `--traffic tap` (the default) each round runs `tap-probe load` four ways: (A) with
+//! no probe, (B) with `tap-probe watch` attached, (B') with `tap-probe watch --no-occupancy`,
+//! (C) with a bpftrace one-liner that counts the same events, in the alternating order of
+//! the A/B harness (A, B, B', C, then C, B', B, A).
 //! With `--traffic other` the traffic is a UDP stream over loopback in a private namespace
 //! that the watch does not watch (`stream.rs`), run (A) and (B) ways. Throughput is the
 //! traffic's `delivered_pps`; the results are the medians, the ratios B/A and C/A, and how
@@ -69,6 +70,8 @@ enum Variant {
     ProbeOff,
     /// B: `tap-probe watch`.
     TapProbe,
+    /// B': `tap-probe watch --no-occupancy`, what the ring samples cost told apart.
+    TapProbeNoOccupancy,
     /// C: the bpftrace one-liner.
     Bpftrace,
 }
@@ -78,6 +81,7 @@ impl fmt::Display for Variant {
         f.write_str(match self {
             Self::ProbeOff => "probe-off",
             Self::TapProbe => "tap-probe",
+            Self::TapProbeNoOccupancy => "tap-probe-no-occupancy",
             Self::Bpftrace => "bpftrace",
         })
     }
@@ -93,6 +97,8 @@ struct Config {
     bpftrace_program: &'static str,
     /// The run with `--program-stats`, after the rounds.
     program_costs: Option<Costs>,
+    /// With the tap, one more with `--program-stats --no-occupancy`.
+    program_costs_without_occupancy: Option<Costs>,
 }
 
 /// What the programs cost in the run with `--program-stats`.
@@ -160,7 +166,12 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
     let out = rounds.out.clone().unwrap_or_else(|| default_out(name));
     let dir = runs_dir(&out)?;
     let variants = match args.traffic {
-        Traffic::Tap => vec![Variant::ProbeOff, Variant::TapProbe, Variant::Bpftrace],
+        Traffic::Tap => vec![
+            Variant::ProbeOff,
+            Variant::TapProbe,
+            Variant::TapProbeNoOccupancy,
+            Variant::Bpftrace,
+        ],
         Traffic::Other => vec![Variant::ProbeOff, Variant::TapProbe],
     };
     let schedule = Schedule {
@@ -177,26 +188,30 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         let tag = format!("round{:02}-{variant}", round.map_or(0, |r| r + 1));
         let probe = match variant {
             Variant::ProbeOff => Probe::None,
-            Variant::TapProbe => Probe::Watch(None),
+            Variant::TapProbe => Probe::Watch(&[]),
+            Variant::TapProbeNoOccupancy => Probe::Watch(&["--no-occupancy"]),
             Variant::Bpftrace => Probe::Bpftrace,
         };
         probed::run(tap_probe, &tag, probe, args.traffic, timing, &dir)
     })?;
-    eprintln!("program costs: one more run of tap-probe with --program-stats");
-    let (status, costs) = probed::run(
+    let program_costs = costs(
         tap_probe,
         "costs-tap-probe",
-        Probe::WatchCosts,
-        args.traffic,
+        &["--program-stats"],
+        args,
         timing,
         &dir,
     )?;
-    let program_costs = match (status, costs.programs, costs.sent) {
-        (Status::Valid, Some(programs), Some(sent)) => Some(Costs::new(programs, sent)),
-        (status, ..) => {
-            eprintln!("the run with --program-stats gave no costs: {status:?}");
-            None
-        }
+    let program_costs_without_occupancy = match args.traffic {
+        Traffic::Tap => costs(
+            tap_probe,
+            "costs-tap-probe-no-occupancy",
+            &["--program-stats", "--no-occupancy"],
+            args,
+            timing,
+            &dir,
+        )?,
+        Traffic::Other => None,
     };
     let config = Config {
         traffic: args.traffic,
@@ -206,6 +221,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         throughput_field: THROUGHPUT,
         bpftrace_program: BPFTRACE_PROGRAM,
         program_costs,
+        program_costs_without_occupancy,
     };
     let measures = probed::measures();
     let mut results = Results::new(name, config, &schedule, runs, &measures, THROUGHPUT);
@@ -215,9 +231,51 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
     if let Some(costs) = costs {
         eprintln!("program costs (runs, mean ns): {}", costs.programs);
     }
+    if let Some(c) = &results.config.program_costs_without_occupancy {
+        eprintln!(
+            "program costs without occupancy (runs, mean ns): {}",
+            c.programs
+        );
+        if let Some(ns) = c.ns_per_packet {
+            eprintln!(
+                "ns per packet without occupancy, the per-packet programs' means summed: {ns}"
+            );
+        }
+    }
     results.goals = goals(args.traffic, tap_probe_ratio, bpftrace_ratio, costs);
     eprintln!("raw output of every run in {}", dir.display());
     results.finish(&measures, &out)
+}
+
+/// One more run of tap-probe, with `args` (`--program-stats` among them): what its programs
+/// cost, if the run was valid.
+fn costs(
+    tap_probe: &Path,
+    tag: &str,
+    watch: &'static [&'static str],
+    args: &Args,
+    timing: Timing,
+    dir: &Path,
+) -> anyhow::Result<Option<Costs>> {
+    eprintln!(
+        "program costs: one more run of tap-probe watch {}",
+        watch.join(" ")
+    );
+    let (status, measured) = probed::run(
+        tap_probe,
+        tag,
+        Probe::Watch(watch),
+        args.traffic,
+        timing,
+        dir,
+    )?;
+    Ok(match (status, measured.programs, measured.sent) {
+        (Status::Valid, Some(programs), Some(sent)) => Some(Costs::new(programs, sent)),
+        (status, ..) => {
+            eprintln!("the run with --program-stats gave no costs: {status:?}");
+            None
+        }
+    })
 }
 
 /// The goals of `traffic`'s benchmark.

@@ -34,11 +34,10 @@ pub(crate) const THROUGHPUT: &str = "delivered_pps";
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Probe {
     None,
-    /// `tap-probe watch`, with `--backend` when given.
-    Watch(Option<&'static str>),
-    /// `tap-probe watch --program-stats`: what each program costs, as the kernel measures
-    /// it (the measuring itself costs, so these runs are not compared with the others).
-    WatchCosts,
+    /// `tap-probe watch` with these arguments besides the load's filter: `--backend`,
+    /// `--no-occupancy`, or `--program-stats` (what each program costs, as the kernel
+    /// measures it; the measuring itself costs, so such runs are not compared with others).
+    Watch(&'static [&'static str]),
     /// The bpftrace one-liner.
     Bpftrace,
 }
@@ -74,7 +73,7 @@ pub(crate) struct Measured {
     pub(crate) elapsed_s: Option<f64>,
     /// With a watch: driver calls the watch counted on the load's tap.
     pub(crate) xmit_calls: Option<u64>,
-    /// With `WatchCosts`: the watch's `programs` (runs and mean ns of each program).
+    /// With `--program-stats`: the watch's `programs` (runs and mean ns of each program).
     pub(crate) programs: Option<Value>,
     /// The load's whole report.
     pub(crate) report: Value,
@@ -131,12 +130,8 @@ pub(crate) fn run(
     let watch_out = dir.join(format!("{tag}-watch.jsonl"));
     let observer = match probe {
         Probe::None => None,
-        Probe::Watch(_) | Probe::WatchCosts => {
-            let (backend, extra): (_, &[&str]) = match probe {
-                Probe::Watch(backend) => (backend, &[]),
-                _ => (None, &["--program-stats"]),
-            };
-            match Observer::watch(tap_probe, backend, extra, &watch_out, timing.attach_wait)? {
+        Probe::Watch(args) => {
+            match Observer::watch(tap_probe, args, &watch_out, timing.attach_wait)? {
                 Ok(observer) => Some(observer),
                 Err(why) => return Ok((Status::Unavailable(why), Measured::default())),
             }
@@ -153,7 +148,7 @@ pub(crate) fn run(
         observer.stop()?;
     }
     let sent = report.get("sent").and_then(Value::as_u64);
-    let watched = matches!(probe, Probe::Watch(_) | Probe::WatchCosts);
+    let watched = matches!(probe, Probe::Watch(_));
     let lines = watched.then(|| watch_lines(&watch_out)).transpose()?;
     let xmit_calls = lines.as_deref().map(watched_xmit_calls);
     let programs = lines
@@ -216,8 +211,7 @@ impl Observer {
     /// error is the watch's own account of why it exited before attaching.
     fn watch(
         tap_probe: &Path,
-        backend: Option<&str>,
-        extra: &[&str],
+        args: &[&str],
         out: &Path,
         attach_wait: Duration,
     ) -> anyhow::Result<Result<Self, String>> {
@@ -225,13 +219,7 @@ impl Observer {
         let mut watch = cmd::new(tap_probe);
         watch
             .args(WATCH_LOAD_ARGS)
-            .args(
-                backend
-                    .map(|backend| ["--backend", backend])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args(extra)
+            .args(args)
             .stdout(create(out)?)
             .stderr(create(&err_out)?);
         let mut proc = Proc::spawn(&mut watch)?;

@@ -333,7 +333,11 @@ fn collect() -> Report {
     // Tried, not guessed: the same selection `watch` makes.
     let backend = match &kernel {
         Ok(kernel) => {
-            match Probe::attach_backend(kernel, crate::bpf::backend::Backend::Auto, false) {
+            match Probe::attach_backend(
+                kernel,
+                crate::bpf::backend::Backend::Auto,
+                crate::bpf::probe::Counting::WATCH,
+            ) {
                 Ok(probe) => Backend::Sources(probe.sources().clone()),
                 Err(err) => Backend::Failed {
                     error: format!("{err:#}"),
