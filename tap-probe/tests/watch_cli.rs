@@ -482,6 +482,85 @@ impl Drop for ChildGuard {
     }
 }
 
+/// Which of a child's outputs a test reads line by line.
+#[derive(Clone, Copy)]
+enum Lines {
+    Stdout,
+    Stderr,
+}
+
+/// `tap-probe watch` running beside a test (killed if the test fails first), and the lines
+/// of one of its outputs as they come.
+struct Running {
+    guard: ChildGuard,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Running {
+    /// Starts `tap-probe watch` with `filter` and `options`.
+    fn watch(filter: &[&str], options: &[&str], read: Lines) -> Self {
+        let mut child = Command::new(BIN)
+            .arg("watch")
+            .args(filter)
+            .args(options)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stream: Box<dyn std::io::Read + Send> = match read {
+            Lines::Stdout => Box::new(child.stdout.take().unwrap()),
+            Lines::Stderr => Box::new(child.stderr.take().unwrap()),
+        };
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        Self {
+            guard: ChildGuard(Some(child)),
+            lines,
+        }
+    }
+
+    /// Ends it with SIGTERM: whether it exited cleanly, and the lines not taken yet.
+    fn terminate(mut self) -> (bool, Vec<String>) {
+        let mut child = self.guard.0.take().unwrap();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let clean = child.wait().unwrap().success();
+        (clean, self.lines.iter().collect())
+    }
+}
+
+/// Sends `frames` frames through `tap` from inside `ns` while a reader takes them all.
+fn send_and_read(ns: &tap_probe::lab::NamedNetns, tap: &tap_probe::lab::Tap, frames: u64) {
+    let driven = tap_probe::lab::Drive {
+        netns: ns.path(),
+        tap,
+        sender: tap_probe::lab::SenderConfig {
+            batch: 1,
+            pps: Some(5_000),
+            ..tap_probe::lab::SenderConfig::new(0, frames, Duration::from_secs(10))
+        },
+        reader: tap_probe::lab::ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(20),
+            max_packets: Some(frames),
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap();
+    assert_eq!(driven.sent.sent, frames, "{:?}", driven.sent);
+    assert_eq!(driven.read[0].packets, frames);
+}
+
 /// One scrape: the status line and the body.
 fn scrape(addr: &str, path: &str) -> (String, String) {
     use std::io::{Read as _, Write as _};
@@ -513,27 +592,14 @@ fn prometheus_endpoint_serves_the_counters() {
     }
     let ns = common::quiet_netns("prom").unwrap();
     let tap = common::tap_in(&ns, "tpp0", RootQdisc::Noqueue).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["watch", "--dev", "tpp0", "--netns", ns.name()])
-        .args(["--interval", "0.2", "--prometheus", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut guard = ChildGuard(Some(child));
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    let watch = Running::watch(
+        &["--dev", "tpp0", "--netns", ns.name()],
+        &["--interval", "0.2", "--prometheus", "127.0.0.1:0"],
+        Lines::Stderr,
+    );
     let addr = loop {
-        let line = rx
+        let line = watch
+            .lines
             .recv_timeout(Duration::from_secs(30))
             .expect("watch announces its metrics address");
         if let Some(rest) = line.split_once("serving metrics on http://") {
@@ -541,27 +607,7 @@ fn prometheus_endpoint_serves_the_counters() {
         }
     };
 
-    let driven = tap_probe::lab::Drive {
-        netns: ns.path(),
-        tap: &tap,
-        sender: tap_probe::lab::SenderConfig {
-            batch: 1,
-            pps: Some(5_000),
-            ..tap_probe::lab::SenderConfig::new(0, FRAMES, Duration::from_secs(10))
-        },
-        reader: tap_probe::lab::ReaderConfig {
-            pps: None,
-            deadline: Duration::from_secs(20),
-            max_packets: Some(FRAMES),
-        },
-        queues: 1,
-        linger: Duration::ZERO,
-    }
-    .run()
-    .unwrap();
-    assert_eq!(driven.sent.sent, FRAMES, "{:?}", driven.sent);
-    let read = driven.read[0];
-    assert_eq!(read.packets, FRAMES);
+    send_and_read(&ns, &tap, FRAMES);
 
     // The exporter serves the last refresh: wait (bounded) for one after the traffic.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -594,11 +640,7 @@ fn prometheus_endpoint_serves_the_counters() {
     );
     assert_eq!(scrape(&addr, "/").0, "HTTP/1.1 404 Not Found");
 
-    let child = guard.0.take().unwrap();
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "watch exits cleanly on SIGTERM");
+    assert!(watch.terminate().0, "watch exits cleanly on SIGTERM");
     drop(tap);
     drop(ns);
 }
@@ -612,63 +654,25 @@ fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     }
     let ns = common::quiet_netns("noocc").unwrap();
     let tap = common::tap_in(&ns, "tpo0", RootQdisc::Noqueue).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["watch", "--dev", "tpo0", "--netns", ns.name()])
-        .args(["--format", "json", "--interval", "0.2", "--no-occupancy"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut guard = ChildGuard(Some(child));
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    let watch = Running::watch(
+        &["--dev", "tpo0", "--netns", ns.name()],
+        &["--format", "json", "--interval", "0.2", "--no-occupancy"],
+        Lines::Stdout,
+    );
     // The first report: the tap is tracked before the first frame.
-    let first = rx
+    let first = watch
+        .lines
         .recv_timeout(Duration::from_secs(30) * common::slowdown())
         .expect("watch reports within its attach time");
     let first: serde_json::Value = serde_json::from_str(&first).unwrap();
     assert_eq!(first["rows"][0]["ifname"], "tpo0", "{first}");
 
-    let driven = tap_probe::lab::Drive {
-        netns: ns.path(),
-        tap: &tap,
-        sender: tap_probe::lab::SenderConfig {
-            batch: 1,
-            pps: Some(5_000),
-            ..tap_probe::lab::SenderConfig::new(0, FRAMES, Duration::from_secs(10))
-        },
-        reader: tap_probe::lab::ReaderConfig {
-            pps: None,
-            deadline: Duration::from_secs(20),
-            max_packets: Some(FRAMES),
-        },
-        queues: 1,
-        linger: Duration::ZERO,
-    }
-    .run()
-    .unwrap();
-    assert_eq!(driven.sent.sent, FRAMES, "{:?}", driven.sent);
-    assert_eq!(driven.read[0].packets, FRAMES);
+    send_and_read(&ns, &tap, FRAMES);
 
-    let child = guard.0.take().unwrap();
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = {
-        let mut child = child;
-        child.wait().unwrap()
-    };
-    assert!(status.success(), "watch exits cleanly on SIGTERM");
+    let (clean, rest) = watch.terminate();
+    assert!(clean, "watch exits cleanly on SIGTERM");
     let last: serde_json::Value =
-        serde_json::from_str(&rx.iter().last().expect("a final summary")).unwrap();
+        serde_json::from_str(rest.last().expect("a final summary")).unwrap();
     assert_eq!(last["final"], true, "{last}");
     let ring = last["sources"]["ring_occupancy"]
         .as_str()
