@@ -146,36 +146,32 @@ impl EventsLost {
 pub(crate) struct Counting {
     /// Per-packet events, for `record`.
     pub(crate) events: bool,
-    /// Ring occupancy: a read of the ring at every driver call and reader take.
-    pub(crate) occupancy: bool,
     /// Flows' order (`reordered`): the packet's headers at every driver call.
     pub(crate) flows: bool,
-    /// What the sources say when occupancy is off.
-    pub(crate) why_no_occupancy: &'static str,
+    /// Why ring occupancy (a read of the ring at every driver call and reader take) is not
+    /// sampled, as the sources say it; `None` samples it.
+    pub(crate) no_occupancy: Option<&'static str>,
 }
 
 impl Counting {
     /// Every counter, no events: `watch` and what shows its counters.
     pub(crate) const WATCH: Self = Self {
         events: false,
-        occupancy: true,
         flows: true,
-        why_no_occupancy: "",
+        no_occupancy: None,
     };
 
     /// `watch --no-occupancy`.
     pub(crate) const WATCH_WITHOUT_OCCUPANCY: Self = Self {
-        occupancy: false,
-        why_no_occupancy: "turned off (--no-occupancy)",
+        no_occupancy: Some("turned off (--no-occupancy)"),
         ..Self::WATCH
     };
 
     /// Events, and none of the counters a trace does not carry.
     pub(crate) const RECORD: Self = Self {
         events: true,
-        occupancy: false,
         flows: false,
-        why_no_occupancy: "not recorded",
+        no_occupancy: Some("not recorded"),
     };
 }
 
@@ -226,7 +222,7 @@ impl Probe {
             0
         };
         let record_events = u32::from(counting.events);
-        let sample_ring = u32::from(counting.occupancy);
+        let sample_ring = u32::from(counting.no_occupancy.is_none());
         let follow_flows = u32::from(counting.flows);
         let mut loader = EbpfLoader::new();
         loader
@@ -250,8 +246,8 @@ impl Probe {
         };
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
-        if !counting.occupancy {
-            sources.ring = Ring::Unavailable(counting.why_no_occupancy.to_owned());
+        if let Some(why) = counting.no_occupancy {
+            sources.ring = Ring::Unavailable(why.to_owned());
         }
         let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
