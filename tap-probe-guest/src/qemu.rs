@@ -368,6 +368,7 @@ pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome
         .collect();
 
     let mut lines = Vec::new();
+    let mut closed = false;
     let mut watch = Watch {
         machine,
         started,
@@ -385,7 +386,10 @@ pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome
         let line = match lines_rx.recv_timeout(wake - now) {
             Ok(line) => line,
             // QEMU closed its stdout and stderr: it is exiting.
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => {
+                closed = true;
+                break;
+            }
             Err(RecvTimeoutError::Timeout) => continue,
         };
         writeln!(log, "{line}")?;
@@ -395,11 +399,15 @@ pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome
         }
         lines.push(line);
     }
-    // After a verdict the guest is powering off and gets a moment; otherwise (a deadline,
-    // a fatal line: QEMU keeps such guests paused) QEMU is killed at once.
-    let grace = match &watch.verdict {
-        Some(Verdict::Success | Verdict::Failure(_)) => Duration::from_secs(5),
-        _ => Duration::ZERO,
+    // After a verdict the guest is powering off, and once its pipes closed QEMU is
+    // exiting (a process closes its files before it can be reaped): both get a moment.
+    // Otherwise (a deadline, a fatal line: QEMU keeps such guests paused) QEMU is killed
+    // at once.
+    let powering_off = matches!(watch.verdict, Some(Verdict::Success | Verdict::Failure(_)));
+    let grace = if closed || powering_off {
+        Duration::from_secs(5)
+    } else {
+        Duration::ZERO
     };
     let exit = wait_or_kill(&mut child, grace)?;
     running.store(false, Ordering::Release);
@@ -626,6 +634,21 @@ mod tests {
         );
         assert!(
             matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains("before the init")),
+            "{:?}",
+            outcome.verdict
+        );
+    }
+
+    #[test]
+    fn qemu_that_closed_its_pipes_is_waited_for_not_killed() {
+        // The pipes close when the process starts to exit, a little before it can be
+        // reaped; here that little is made long enough to see.
+        let (outcome, _) = supervise(
+            "exec >&- 2>&-\nsleep 0.5\nexit 1",
+            Duration::from_secs(30),
+        );
+        assert!(
+            matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains("exit status: 1")),
             "{:?}",
             outcome.verdict
         );
