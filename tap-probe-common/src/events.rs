@@ -1,8 +1,15 @@
 //! Per-packet events for `tap-probe record`: what the programs write into the event ring,
 //! and the kinds the trace file keeps.
 
-/// Size of the `EVENTS` ring buffer in bytes (a power of two, a multiple of the page size).
+/// Bytes of event ring buffers a recording gets, shared among the CPUs' rings (each at
+/// least [`EVENTS_RING_MIN_BYTES`]).
 pub const EVENTS_RING_BYTES: u32 = 16 << 20;
+/// The smallest ring a CPU gets: about 30 ms of one CPU's events at full rate.
+pub const EVENTS_RING_MIN_BYTES: u32 = 1 << 20;
+/// The size of the ring the object declares as the template of `EVENTS`' rings: the
+/// loader creates it and frees it, and the kernel does not compare the sizes of the rings
+/// put into the array with it. 64 KiB is a multiple of every page size.
+pub const EVENTS_RING_TEMPLATE_BYTES: usize = 64 << 10;
 
 /// What happened to a packet or a queue.
 #[repr(u32)]

@@ -13,7 +13,9 @@ mod maps;
 mod names;
 
 pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Requires, Source, Unit};
-pub use events::{EVENTS_RING_BYTES, EventKind, TraceEvent};
+pub use events::{
+    EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES, EventKind, TraceEvent,
+};
 pub use facts::{KernelFacts, PacketFacts, RingFacts, TextRange, WakeClass, WakeRange};
 pub use maps::{
     DEVICE_TUN, DROP_REASON_XMIT_ERROR, Dequeued, DeviceCache, DeviceKey, DeviceSlot, DirectXmit,

@@ -18,10 +18,10 @@ pub const PROG_QDISC_DEQUEUE: (&str, &str) = ("qdisc_dequeue", "qdisc_dequeue");
 pub const PROG_SLOW_CONSUMER: &str = "slow_consumer";
 pub const GLOBAL_SLOW_CONSUMER_NS: &str = "SLOW_CONSUMER_NS";
 
-/// Per-packet events for `tap-probe record`, written to the `EVENTS` ring buffer when the
-/// loader sets `RECORD_EVENTS` to 1.
+/// Per-packet events for `tap-probe record`: an array of per-CPU ring buffers, written when
+/// the loader sets `RECORD_EVENTS` to 1.
 pub const MAP_EVENTS: &str = "EVENTS";
-/// Per-CPU count of events that did not fit in `EVENTS` (never silent).
+/// Per-CPU count of events that found no room in `EVENTS` (never silent).
 pub const MAP_EVENTS_LOST: &str = "EVENTS_LOST";
 pub const GLOBAL_RECORD_EVENTS: &str = "RECORD_EVENTS";
 /// 1 when the programs sample tun/tap rings (`ring_occupancy`); set by the loader.

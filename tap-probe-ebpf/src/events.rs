@@ -1,14 +1,15 @@
-//! Per-packet events for `tap-probe record`, written to the `EVENTS` ring buffer when the
-//! loader sets `RECORD_EVENTS`. An event that does not fit is counted, never dropped
-//! silently.
+//! Per-packet events for `tap-probe record`, written to the calling CPU's ring buffer in
+//! `EVENTS` when the loader sets `RECORD_EVENTS`. An event that does not fit is counted,
+//! never dropped silently.
 
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
+    btf_maps::{ArrayOfMaps, RingBuf},
     helpers::bpf_get_smp_processor_id,
-    macros::map,
-    maps::{PerCpuArray, RingBuf},
+    macros::{btf_map, map},
+    maps::PerCpuArray,
 };
-use tap_probe_common::{EVENTS_RING_BYTES, EventKind, TraceEvent};
+use tap_probe_common::{EVENTS_RING_TEMPLATE_BYTES, EventKind, TraceEvent};
 
 use crate::clock::Clock;
 use crate::device::At;
@@ -17,10 +18,15 @@ use crate::device::At;
 #[unsafe(no_mangle)]
 static RECORD_EVENTS: u32 = 0;
 
-#[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+/// One ring buffer per CPU, indexed by CPU id, put in by the recorder (the loader sizes
+/// the array to the possible CPUs). One shared ring made every event take a lock that the
+/// other CPUs' events took too, and its cache line moved between them each time; a CPU's
+/// own ring has one writer.
+#[btf_map]
+static EVENTS: ArrayOfMaps<RingBuf<TraceEvent, { EVENTS_RING_TEMPLATE_BYTES }>, 1> =
+    ArrayOfMaps::new();
 
-/// Events that found `EVENTS` full, per CPU.
+/// Events that found their ring full, or no ring for their CPU, per CPU.
 #[map]
 static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -36,6 +42,7 @@ pub(crate) fn record_at(at: At, kind: EventKind, reason: u32, clock: &mut Clock)
     if unsafe { core::ptr::read_volatile(&raw const RECORD_EVENTS) } == 0 {
         return;
     }
+    let cpu = unsafe { bpf_get_smp_processor_id() };
     let event = TraceEvent {
         ts_ns: clock.now(),
         netns: at.key.netns,
@@ -43,7 +50,7 @@ pub(crate) fn record_at(at: At, kind: EventKind, reason: u32, clock: &mut Clock)
         queue: at.queue,
         // CPU ids fit 16 bits (NR_CPUS is at most 8192).
         #[expect(clippy::cast_possible_truncation, reason = "see above")]
-        cpu: unsafe { bpf_get_smp_processor_id() } as u16,
+        cpu: cpu as u16,
         kind: kind as u32,
         reason,
         reserved: 0,
@@ -51,11 +58,10 @@ pub(crate) fn record_at(at: At, kind: EventKind, reason: u32, clock: &mut Clock)
     // No wakeup: the recorder polls the ring (`cmd/record.rs`), and a wakeup each time the
     // ring was empty costs an interrupt on the sending CPU (`bpf_ringbuf_output`,
     // `kernel/bpf/ringbuf.c`).
-    if EVENTS
-        .output::<TraceEvent>(&event, u64::from(BPF_RB_NO_WAKEUP))
-        .is_err()
-        && let Some(lost) = EVENTS_LOST.get_ptr_mut(0)
-    {
+    let written = EVENTS
+        .get(cpu)
+        .is_some_and(|ring| ring.output(event, u64::from(BPF_RB_NO_WAKEUP)).is_ok());
+    if !written && let Some(lost) = EVENTS_LOST.get_ptr_mut(0) {
         // SAFETY: per-CPU.
         unsafe { *lost += 1 };
     }

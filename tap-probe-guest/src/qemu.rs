@@ -643,10 +643,7 @@ mod tests {
     fn qemu_that_closed_its_pipes_is_waited_for_not_killed() {
         // The pipes close when the process starts to exit, a little before it can be
         // reaped; here that little is made long enough to see.
-        let (outcome, _) = supervise(
-            "exec >&- 2>&-\nsleep 0.5\nexit 1",
-            Duration::from_secs(30),
-        );
+        let (outcome, _) = supervise("exec >&- 2>&-\nsleep 0.5\nexit 1", Duration::from_secs(30));
         assert!(
             matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains("exit status: 1")),
             "{:?}",

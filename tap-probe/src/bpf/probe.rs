@@ -5,19 +5,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use anyhow::{Context as _, anyhow};
+use anyhow::{Context as _, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{
-        Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf,
+        Array, ArrayOfMaps, HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap,
+        PerCpuValues, RingBuf,
     },
 };
 use tap_probe_common::{
-    Dequeued, DeviceKey, DeviceSlot, DropKey, GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL,
-    GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_COUNTERS, MAP_DEQUEUED, MAP_DEVICES,
-    MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION, MAP_OCCUPANCY, MAP_QUEUE_STATE,
-    MAP_READERS, MAX_DEVICES, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS, QueueCounters, ReaderState,
-    RingSamples,
+    Dequeued, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES,
+    GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_COUNTERS,
+    MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION,
+    MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAX_DEVICES, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS,
+    QueueCounters, ReaderState, RingSamples,
 };
 
 use crate::bpf::backend::{Backend, Ring, Sources};
@@ -43,9 +44,6 @@ pub(crate) struct ProgramStats {
     pub(crate) runs: u64,
     pub(crate) mean_ns: u64,
 }
-
-/// The size of the event ring when nothing records: one page.
-const EVENTS_RING_IDLE_BYTES: u32 = 4096;
 
 /// A queue's ring occupancy samples since tracking began, over every CPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,7 +126,7 @@ impl std::fmt::Display for Full {
 
 impl std::error::Error for Full {}
 
-/// Events the programs could not write because the ring buffer was full, per CPU.
+/// Events the programs could not write because their CPU's ring buffer was full, per CPU.
 pub(crate) struct EventsLost(PerCpuArray<MapData, u64>);
 
 impl EventsLost {
@@ -177,6 +175,9 @@ impl Counting {
 
 pub(crate) struct Probe {
     ebpf: Ebpf,
+    /// The per-CPU event rings while recording, until [`Probe::take_events`] (empty
+    /// otherwise).
+    events: Vec<RingBuf<MapData>>,
     /// The programs' debug messages, when the log level shows them.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     sources: Sources,
@@ -193,7 +194,7 @@ pub(crate) struct Probe {
 
 impl Probe {
     /// As [`Probe::attach_backend`] with `auto`, counting what a recording needs: the
-    /// programs emit per-packet [`tap_probe_common::TraceEvent`]s into the ring buffer that
+    /// programs emit per-packet [`tap_probe_common::TraceEvent`]s into the per-CPU rings that
     /// [`Probe::take_events`] hands out.
     ///
     /// # Errors
@@ -231,12 +232,18 @@ impl Probe {
             .override_global(GLOBAL_SAMPLE_RING, &sample_ring, true)
             .override_global(GLOBAL_FOLLOW_FLOWS, &follow_flows, true)
             .override_global(aya_log::LEVEL, &log_level, false);
-        if !counting.events {
-            // Without recording nothing writes the event ring: one page instead of 16 MiB of
-            // locked kernel memory (a ring buffer is a power of two of pages).
-            loader.map_max_entries(MAP_EVENTS, EVENTS_RING_IDLE_BYTES);
-        }
+        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
+        // A slot per CPU that may come online (CPU ids are below that number); the rings
+        // go in only when recording, so watching holds no ring memory.
+        loader.map_max_entries(MAP_EVENTS, u32::try_from(cpus)?);
         let mut ebpf = Object::Probe.load(&mut loader)?;
+        // The rings go in before any program runs, so that no event finds its CPU's slot
+        // empty.
+        let events = if counting.events {
+            event_rings(&mut ebpf, cpus)?
+        } else {
+            Vec::new()
+        };
         let logger = if log_debug {
             aya_log::EbpfLogger::init(&mut ebpf)
                 .map_err(|err| log::debug!("no log from the eBPF programs: {err}"))
@@ -249,9 +256,9 @@ impl Probe {
         if let Some(why) = counting.no_occupancy {
             sources.ring = Ring::Unavailable(why.to_owned());
         }
-        let cpus = aya::util::nr_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
         Ok(Self {
             ebpf,
+            events,
             logger,
             sources,
             cpus,
@@ -524,19 +531,19 @@ impl Probe {
         Ok(out)
     }
 
-    /// The ring buffer of per-packet events (once; it moves out of the probe).
+    /// The per-CPU ring buffers of per-packet events, by CPU id (once; they move out of the
+    /// probe).
     ///
     /// # Errors
-    /// When it was taken already.
-    pub(crate) fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
-        let map = self
-            .ebpf
-            .take_map(MAP_EVENTS)
-            .ok_or_else(|| anyhow!("the event ring buffer was taken already"))?;
-        Ok(RingBuf::try_from(map)?)
+    /// When they were taken already, or the probe does not record.
+    pub(crate) fn take_events(&mut self) -> anyhow::Result<Vec<RingBuf<MapData>>> {
+        if self.events.is_empty() {
+            bail!("the event rings were taken already, or this probe does not record");
+        }
+        Ok(std::mem::take(&mut self.events))
     }
 
-    /// Events the programs could not write because the ring buffer was full.
+    /// Events the programs could not write because their CPU's ring buffer was full.
     ///
     /// # Errors
     /// When the map cannot be read.
@@ -569,4 +576,33 @@ impl Probe {
             .map_mut(name)
             .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
     }
+}
+
+/// Creates a ring buffer for each of `cpus` CPUs and puts it in `EVENTS` at the CPU's id.
+/// The rings share [`EVENTS_RING_BYTES`], each at least [`EVENTS_RING_MIN_BYTES`] (a power
+/// of two, as the kernel requires).
+fn event_rings(ebpf: &mut Ebpf, cpus: usize) -> anyhow::Result<Vec<RingBuf<MapData>>> {
+    let share = EVENTS_RING_BYTES / u32::try_from(cpus.max(1))?;
+    let bytes = share.max(EVENTS_RING_MIN_BYTES).next_power_of_two();
+    let outer = ebpf
+        .map_mut(MAP_EVENTS)
+        .ok_or_else(|| anyhow!("map {MAP_EVENTS} missing from the eBPF object"))?;
+    let mut outer: ArrayOfMaps<&mut MapData> = ArrayOfMaps::try_from(outer)?;
+    let mut rings = Vec::with_capacity(cpus);
+    for cpu in 0..u32::try_from(cpus)? {
+        let def = aya_obj::Map::new_from_params(
+            aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32,
+            0,
+            0,
+            bytes,
+            0,
+        );
+        let ring = MapData::create(def, &format!("events_{cpu}"), None)
+            .with_context(|| format!("creating the event ring of CPU {cpu} ({bytes} bytes)"))?;
+        outer
+            .set(cpu, &ring, 0)
+            .with_context(|| format!("installing the event ring of CPU {cpu}"))?;
+        rings.push(RingBuf::try_from(Map::RingBuf(ring))?);
+    }
+    Ok(rings)
 }

@@ -1,6 +1,6 @@
-//! Events from the ring buffer to the trace file: sorted within a bounded window, since
-//! events of different CPUs reach the ring buffer slightly out of order, so memory stays
-//! bounded however long the recording runs.
+//! Events from the CPUs' ring buffers to the trace file, in time order: each CPU's events
+//! come nearly in order, and the CPUs' streams are merged up to the time every ring has
+//! been read to, so memory stays bounded however long the recording runs.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Seek as _, Write};
@@ -118,17 +118,22 @@ pub(crate) struct Failure {
     pub(crate) dropped: u64,
 }
 
-/// Events are written once they are this much older than the newest event seen.
+/// Events are written once every ring has been read this far past them: room for an
+/// event stamped a while before it took its place in its ring (a program interrupted in
+/// between).
 pub(crate) const REORDER_WINDOW_NS: u64 = 10_000_000;
-/// Events held for reordering at most; beyond this the oldest is written at once.
+/// Events held for reordering at most; beyond this, everything held is written at once.
 pub(crate) const REORDER_MAX: usize = 1 << 20;
-/// Sorts events within a window and writes them.
+/// Merges the CPUs' events in time order and writes them.
 pub(crate) struct Recorder<W: Write> {
     writer: TraceWriter<W>,
     devices: HashMap<DeviceKey, u16>,
-    /// Events held, in time order (events of one time in the order they came).
-    held: VecDeque<Pending>,
-    newest: u64,
+    /// One per ring, by the ring's index.
+    lanes: Vec<Lane>,
+    /// Events held over all lanes.
+    held: usize,
+    /// Reused for each batch written.
+    batch: Vec<Pending>,
     /// Events for devices not in the header (none expected: only tracked devices emit).
     pub(crate) foreign: u64,
     /// Records too short to be an event.
@@ -138,9 +143,20 @@ pub(crate) struct Recorder<W: Write> {
     last_written: u64,
 }
 
+#[derive(Clone, Copy)]
 struct Pending {
     ts: u64,
     ev: EventBits,
+}
+
+/// One ring's events not yet written.
+#[derive(Default)]
+struct Lane {
+    /// In time order (events of one time in the order they came).
+    held: VecDeque<Pending>,
+    /// The ring holds nothing older than this that has not been read: the newest event
+    /// read, or the time it was last read dry.
+    read_to: u64,
 }
 
 /// `tap_probe_trace::Event` without its time.
@@ -154,11 +170,11 @@ struct EventBits {
 }
 
 impl<W: Write> Recorder<W> {
-    /// Writes the header.
+    /// Writes the header; events will come from `rings` rings.
     ///
     /// # Errors
     /// When the header cannot be written.
-    pub(crate) fn new(out: W, header: &Header) -> anyhow::Result<Self> {
+    pub(crate) fn new(out: W, header: &Header, rings: usize) -> anyhow::Result<Self> {
         let devices = header
             .devices
             .iter()
@@ -176,8 +192,9 @@ impl<W: Write> Recorder<W> {
         Ok(Self {
             writer: TraceWriter::new(out, header).context("writing the trace header")?,
             devices,
-            held: VecDeque::new(),
-            newest: 0,
+            lanes: (0..rings.max(1)).map(|_| Lane::default()).collect(),
+            held: 0,
+            batch: Vec::new(),
             foreign: 0,
             malformed: 0,
             late: 0,
@@ -185,11 +202,11 @@ impl<W: Write> Recorder<W> {
         })
     }
 
-    /// Takes one ring-buffer record.
+    /// Takes one record of ring `ring`.
     ///
     /// # Errors
     /// When writing fails.
-    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+    pub(crate) fn push_bytes(&mut self, ring: usize, bytes: &[u8]) -> anyhow::Result<()> {
         if bytes.len() < size_of::<TraceEvent>() {
             self.malformed += 1;
             return Ok(());
@@ -197,14 +214,14 @@ impl<W: Write> Recorder<W> {
         // SAFETY: `TraceEvent` is `repr(C)` plain integers (any bit pattern is valid), the
         // slice holds at least its size, and `read_unaligned` needs no alignment.
         let ev: TraceEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        self.push(&ev)
+        self.push(ring, &ev)
     }
 
-    /// Takes one event.
+    /// Takes one event of ring `ring`.
     ///
     /// # Errors
     /// When writing fails.
-    pub(crate) fn push(&mut self, ev: &TraceEvent) -> anyhow::Result<()> {
+    pub(crate) fn push(&mut self, ring: usize, ev: &TraceEvent) -> anyhow::Result<()> {
         let key = DeviceKey {
             netns: ev.netns,
             ifindex: ev.ifindex,
@@ -217,7 +234,11 @@ impl<W: Write> Recorder<W> {
             self.malformed += 1;
             return Ok(());
         }
-        self.newest = self.newest.max(ev.ts_ns);
+        let Some(lane) = self.lanes.get_mut(ring) else {
+            self.malformed += 1;
+            return Ok(());
+        };
+        lane.read_to = lane.read_to.max(ev.ts_ns);
         let pending = Pending {
             ts: ev.ts_ns,
             ev: EventBits {
@@ -228,37 +249,72 @@ impl<W: Write> Recorder<W> {
                 reason: ev.reason,
             },
         };
-        // Events come nearly in time order (a program stamps its event just before it
-        // takes its place in the ring buffer): an event's place is found from the back,
-        // where it nearly always is, after those of the same time that came before it.
-        let at = self
+        // A CPU's events come nearly in time order (a program stamps its event just before
+        // it takes its place in the ring; only a program interrupted in between comes
+        // late): an event's place is found from the back, where it nearly always is,
+        // after those of the same time that came before it.
+        let at = lane
             .held
             .iter()
             .rposition(|p| p.ts <= pending.ts)
             .map_or(0, |i| i + 1);
-        self.held.insert(at, pending);
-        if self.held.len() > REORDER_MAX {
-            self.write_oldest()?;
+        lane.held.insert(at, pending);
+        self.held += 1;
+        if self.held > REORDER_MAX {
+            self.write_until(u64::MAX)?;
         }
         Ok(())
     }
 
-    /// Writes every event older than the window.
+    /// Notes that ring `ring` was read dry at a time no earlier than `ts_ns`: it holds
+    /// nothing older that is still to come (but late stamps, which the window covers).
+    pub(crate) fn read_dry(&mut self, ring: usize, ts_ns: u64) {
+        if let Some(lane) = self.lanes.get_mut(ring) {
+            lane.read_to = lane.read_to.max(ts_ns);
+        }
+    }
+
+    /// Writes every event that every ring has been read past by more than the window.
     ///
     /// # Errors
     /// When writing fails.
     pub(crate) fn flush_settled(&mut self) -> anyhow::Result<()> {
-        let limit = self.newest.saturating_sub(REORDER_WINDOW_NS);
-        while self.held.front().is_some_and(|p| p.ts <= limit) {
-            self.write_oldest()?;
-        }
+        let read_to = self.lanes.iter().map(|l| l.read_to).min().unwrap_or(0);
+        self.write_until(read_to.saturating_sub(REORDER_WINDOW_NS))?;
         Ok(())
     }
 
-    fn write_oldest(&mut self) -> io::Result<()> {
-        let Some(p) = self.held.pop_front() else {
-            return Ok(());
-        };
+    /// Writes the events of every lane up to `limit`, merged in time order.
+    fn write_until(&mut self, limit: u64) -> io::Result<()> {
+        let mut batch = std::mem::take(&mut self.batch);
+        for lane in &mut self.lanes {
+            while let Some(p) = lane.held.pop_front_if(|p| p.ts <= limit) {
+                batch.push(p);
+            }
+        }
+        self.held -= batch.len();
+        // The batch is a run per lane, each in order: a stable sort merges the runs, and
+        // keeps the order of events of one time.
+        batch.sort_by_key(|p| p.ts);
+        let mut result = Ok(());
+        for (i, p) in batch.iter().enumerate() {
+            if let Err(err) = self.write(p) {
+                // The event that failed is the writer's to count (it cuts it back); those
+                // after it are held again, in order before anything held (all later).
+                let rest = &batch[i + 1..];
+                self.held += rest.len();
+                let lane = &mut self.lanes[0].held;
+                rest.iter().rev().for_each(|p| lane.push_front(*p));
+                result = Err(err);
+                break;
+            }
+        }
+        batch.clear();
+        self.batch = batch;
+        result
+    }
+
+    fn write(&mut self, p: &Pending) -> io::Result<()> {
         if p.ts < self.last_written {
             self.late += 1;
         }
@@ -271,8 +327,7 @@ impl<W: Write> Recorder<W> {
             cpu: p.ev.cpu,
             kind,
             reason: p.ev.reason,
-        })?;
-        Ok(())
+        })
     }
 
     /// Notes `count` more events lost in the kernel.
@@ -292,9 +347,7 @@ impl<W: Write> Recorder<W> {
     /// When writing fails.
     #[cfg(test)]
     pub(crate) fn finish(mut self) -> anyhow::Result<(W, Trailer)> {
-        while !self.held.is_empty() {
-            self.write_oldest()?;
-        }
+        self.write_until(u64::MAX)?;
         Ok(self.writer.finish()?)
     }
 }
@@ -318,8 +371,9 @@ impl<W: Sink> Recorder<W> {
                 Err(error) => error,
             },
         };
-        let held = self.held.len() as u64;
-        self.held.clear();
+        let held = self.held as u64;
+        self.lanes.iter_mut().for_each(|l| l.held.clear());
+        self.held = 0;
         let mut cut = self.writer.cut_back();
         let dropped = held + cut.events;
         let trailer = match self.writer.get_mut().cut_to(cut.offset) {
@@ -350,9 +404,7 @@ impl<W: Sink> Recorder<W> {
         if lost > 0 {
             self.writer.lost(ts_ns, lost)?;
         }
-        while !self.held.is_empty() {
-            self.write_oldest()?;
-        }
+        self.write_until(u64::MAX)?;
         self.writer.end()
     }
 }
@@ -392,17 +444,20 @@ mod tests {
 
     #[test]
     fn events_are_sorted_within_the_window() {
-        let mut r = Recorder::new(Vec::new(), &header()).unwrap();
+        let mut r = Recorder::new(Vec::new(), &header(), 1).unwrap();
         // CPU skew: 5 arrives after 7; a foreign device is ignored.
         for ts in [1_000, 7_000, 5_000, 3 * REORDER_WINDOW_NS] {
-            r.push(&ev(ts, EventKind::Enqueued)).unwrap();
+            r.push(0, &ev(ts, EventKind::Enqueued)).unwrap();
         }
-        r.push(&TraceEvent {
-            ifindex: 99,
-            ..ev(1, EventKind::Consumed)
-        })
+        r.push(
+            0,
+            &TraceEvent {
+                ifindex: 99,
+                ..ev(1, EventKind::Consumed)
+            },
+        )
         .unwrap();
-        r.push_bytes(&[0; 8]).unwrap();
+        r.push_bytes(0, &[0; 8]).unwrap();
         r.flush_settled().unwrap();
         r.lost(10, 2).unwrap();
         assert_eq!((r.foreign, r.malformed, r.late), (1, 1, 0));
@@ -421,7 +476,7 @@ mod tests {
 
     #[test]
     fn events_of_one_time_keep_the_order_they_came_in() {
-        let mut r = Recorder::new(Vec::new(), &header()).unwrap();
+        let mut r = Recorder::new(Vec::new(), &header(), 1).unwrap();
         let came = [
             (5_000, EventKind::Enqueued),
             (5_000, EventKind::Consumed),
@@ -430,7 +485,7 @@ mod tests {
             (1_000, EventKind::DroppedFullRing),
         ];
         for (ts, kind) in came {
-            r.push(&ev(ts, kind)).unwrap();
+            r.push(0, &ev(ts, kind)).unwrap();
         }
         let (bytes, _) = r.finish().unwrap();
         let written: Vec<(u64, EventKind)> = TraceReader::new(bytes.as_slice())
@@ -448,6 +503,45 @@ mod tests {
                 (5_000, EventKind::Enqueued),
                 (5_000, EventKind::Consumed),
                 (5_000, EventKind::Busy),
+            ]
+        );
+    }
+
+    #[test]
+    fn rings_are_merged_up_to_the_time_every_ring_was_read_to() {
+        let w = REORDER_WINDOW_NS;
+        let mut r = Recorder::new(Vec::new(), &header(), 2).unwrap();
+        for ts in [1_000, 4_000, 5 * w] {
+            r.push(0, &ev(ts, EventKind::Enqueued)).unwrap();
+        }
+        r.flush_settled().unwrap();
+        assert_eq!(r.held, 3, "ring 1 was not read yet: it may hold anything");
+        for ts in [2_000, 3_000] {
+            r.push(1, &ev(ts, EventKind::Consumed)).unwrap();
+        }
+        r.flush_settled().unwrap();
+        assert_eq!(r.held, 5, "ring 1 was read to 3,000 only");
+        r.read_dry(1, 4 * w);
+        r.flush_settled().unwrap();
+        assert_eq!(r.held, 1, "both rings were read past 3 windows");
+        assert_eq!(r.late, 0);
+        let (bytes, t) = r.finish().unwrap();
+        assert_eq!(t.events, 5);
+        let written: Vec<(u64, EventKind)> = TraceReader::new(bytes.as_slice())
+            .unwrap()
+            .filter_map(|r| match r.unwrap() {
+                Record::Event(e) => Some((e.ts_ns, e.kind)),
+                Record::Lost { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            written,
+            vec![
+                (1_000, EventKind::Enqueued),
+                (2_000, EventKind::Consumed),
+                (3_000, EventKind::Consumed),
+                (4_000, EventKind::Enqueued),
+                (5 * w, EventKind::Enqueued),
             ]
         );
     }

@@ -53,8 +53,7 @@ impl Ops {
     }
 
     /// Arrivals and reads built from `(time, op)` pairs in any order: sorted by time, equal
-    /// times keeping their order (events from different CPUs reach the ring buffer slightly
-    /// out of order).
+    /// times keeping their order (a hand-made or salvaged list need not be in order).
     #[must_use]
     pub(crate) fn from_unordered(mut pairs: Vec<(u64, u32)>) -> Self {
         pairs.sort_by_key(|p| p.0);
