@@ -116,7 +116,10 @@ pub fn boot(launcher: &mut Launcher, boot: Boot<'_>) -> anyhow::Result<Ran> {
         // panic=-1: reboot at once on a panic, which -no-reboot turns into QEMU exiting.
         // loglevel=4: warnings and worse reach the console (an oops, a WARN from the code
         // under test), boot chatter does not. edd=off: no BIOS disk probing, nothing to probe.
-        append: "console=ttyS0 panic=-1 loglevel=4 edd=off",
+        // earlyprintk: the boot stub writes to the serial port too, so that its refusal of
+        // the CPU (arch/x86/boot/cpu.c) reaches the console at once instead of the boot
+        // deadline running out on a silent guest.
+        append: "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 loglevel=4 edd=off",
         cpus: boot.cpus,
         memory_mib: boot.memory_mib,
         timeout: boot.timeout,
