@@ -240,7 +240,7 @@ impl Probe {
         // The rings go in before any program runs, so that no event finds its CPU's slot
         // empty.
         let events = if counting.events {
-            event_rings(&mut ebpf, cpus)?
+            event_rings(&mut ebpf)?
         } else {
             Vec::new()
         };
@@ -578,18 +578,20 @@ impl Probe {
     }
 }
 
-/// Creates a ring buffer for each of `cpus` CPUs and puts it in `EVENTS` at the CPU's id.
-/// The rings share [`EVENTS_RING_BYTES`], each at least [`EVENTS_RING_MIN_BYTES`] (a power
-/// of two, as the kernel requires).
-fn event_rings(ebpf: &mut Ebpf, cpus: usize) -> anyhow::Result<Vec<RingBuf<MapData>>> {
-    let share = EVENTS_RING_BYTES / u32::try_from(cpus.max(1))?;
+/// Creates a ring buffer for each online CPU and puts it in `EVENTS` at the CPU's id. The
+/// rings share [`EVENTS_RING_BYTES`], each at least [`EVENTS_RING_MIN_BYTES`] (a power of
+/// two, as the kernel requires). A machine may name many more possible CPUs than it runs;
+/// a CPU that comes online later finds no ring, and its events are counted as lost.
+fn event_rings(ebpf: &mut Ebpf) -> anyhow::Result<Vec<RingBuf<MapData>>> {
+    let online = aya::util::online_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
+    let share = EVENTS_RING_BYTES / u32::try_from(online.len().max(1))?;
     let bytes = share.max(EVENTS_RING_MIN_BYTES).next_power_of_two();
     let outer = ebpf
         .map_mut(MAP_EVENTS)
         .ok_or_else(|| anyhow!("map {MAP_EVENTS} missing from the eBPF object"))?;
     let mut outer: ArrayOfMaps<&mut MapData> = ArrayOfMaps::try_from(outer)?;
-    let mut rings = Vec::with_capacity(cpus);
-    for cpu in 0..u32::try_from(cpus)? {
+    let mut rings = Vec::with_capacity(online.len());
+    for cpu in online {
         let def = aya_obj::Map::new_from_params(
             aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32,
             0,
