@@ -420,7 +420,7 @@ pub(crate) fn read(
     let start = Instant::now();
     let end = deadline_after(start, cfg.deadline);
     let max = cfg.max_packets.unwrap_or(u64::MAX);
-    let pacer = cfg.pps.map(|pps| Pacer::new(pps, start));
+    let mut pacer = cfg.pps.map(|pps| Pacer::new(pps, start));
     let mut buf = vec![0u8; 65_536];
     let mut report = ReadReport::default();
     let mut order = FrameOrder::default();
@@ -438,6 +438,11 @@ pub(crate) fn read(
         // Poll first so the loop wakes up for `stop` and the deadline even on a blocking
         // fd with nothing to read.
         if !readable(fd, end.saturating_duration_since(now).min(POLL_SLICE))? {
+            // Time with nothing to read earns no credit: a reader that waited for the
+            // traffic (while a probe attached, say) must not then read at full speed.
+            if let Some(pacer) = &mut pacer {
+                pacer.forgive(Instant::now(), report.packets);
+            }
             continue;
         }
         match nix::unistd::read(fd, &mut buf) {
