@@ -442,6 +442,17 @@ mod tests {
         }
     }
 
+    /// The time and kind of every event in a trace, in file order.
+    fn events_in(trace: &[u8]) -> Vec<(u64, EventKind)> {
+        TraceReader::new(trace)
+            .unwrap()
+            .filter_map(|r| match r.unwrap() {
+                Record::Event(e) => Some((e.ts_ns, e.kind)),
+                Record::Lost { .. } => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn events_are_sorted_within_the_window() {
         let mut r = Recorder::new(Vec::new(), &header(), 1).unwrap();
@@ -464,13 +475,7 @@ mod tests {
         let (bytes, t) = r.finish().unwrap();
         assert_eq!(t.events, 4);
         assert_eq!(t.lost, 2);
-        let times: Vec<u64> = TraceReader::new(bytes.as_slice())
-            .unwrap()
-            .filter_map(|r| match r.unwrap() {
-                Record::Event(e) => Some(e.ts_ns),
-                Record::Lost { .. } => None,
-            })
-            .collect();
+        let times: Vec<u64> = events_in(&bytes).iter().map(|e| e.0).collect();
         assert_eq!(times, vec![1_000, 5_000, 7_000, 3 * REORDER_WINDOW_NS]);
     }
 
@@ -488,13 +493,7 @@ mod tests {
             r.push(0, &ev(ts, kind)).unwrap();
         }
         let (bytes, _) = r.finish().unwrap();
-        let written: Vec<(u64, EventKind)> = TraceReader::new(bytes.as_slice())
-            .unwrap()
-            .filter_map(|r| match r.unwrap() {
-                Record::Event(e) => Some((e.ts_ns, e.kind)),
-                Record::Lost { .. } => None,
-            })
-            .collect();
+        let written = events_in(&bytes);
         assert_eq!(
             written,
             vec![
@@ -527,13 +526,7 @@ mod tests {
         assert_eq!(r.late, 0);
         let (bytes, t) = r.finish().unwrap();
         assert_eq!(t.events, 5);
-        let written: Vec<(u64, EventKind)> = TraceReader::new(bytes.as_slice())
-            .unwrap()
-            .filter_map(|r| match r.unwrap() {
-                Record::Event(e) => Some((e.ts_ns, e.kind)),
-                Record::Lost { .. } => None,
-            })
-            .collect();
+        let written = events_in(&bytes);
         assert_eq!(
             written,
             vec![
