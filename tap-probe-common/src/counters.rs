@@ -77,6 +77,10 @@ pub enum Source {
     /// The device's own statistics, as the kernel keeps them, since tracking began. The
     /// kernel keeps them per device, so every queue row of a device shows the same value.
     Kernel(KernelStat),
+    /// Whether the device is counted since its first packet: it was created after
+    /// tap-probe attached. Otherwise tracking began mid-life, and the kernel's statistics
+    /// at that moment are the row's `kernel.*_at_start`.
+    FromBirth,
 }
 
 /// The device statistics (`IFLA_STATS64`) tap-probe compares its counters with.
@@ -91,6 +95,11 @@ pub enum KernelStat {
     /// counted while the kernel's statistics were read, or before the kernel's baseline
     /// could be taken). 0 once traffic stops.
     Skew,
+    /// `tx_packets` when tracking began: what tracking did not see. 0 for a device counted
+    /// from birth.
+    TxPacketsAtStart,
+    /// `tx_dropped` when tracking began.
+    TxDroppedAtStart,
 }
 
 /// One value of a row.
@@ -417,6 +426,39 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_TX_DROP"),
         prometheus: Some("kernel_tx_dropped_total"),
+        event: None,
+    }
+    metric {
+        name: "from_birth",
+        help: "1 when the device is counted since its first packet (created after tap-probe attached); 0 when tracking began mid-life.",
+        kind: Kind::Gauge,
+        unit: Unit::Flag,
+        source: Source::FromBirth,
+        requires: Requires::Nothing,
+        column: Some("BIRTH"),
+        prometheus: Some("tracked_from_birth"),
+        event: None,
+    }
+    metric {
+        name: "kernel.tx_packets_at_start",
+        help: "The device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).",
+        kind: Kind::Gauge,
+        unit: Unit::Packets,
+        source: Source::Kernel(KernelStat::TxPacketsAtStart),
+        requires: Requires::Nothing,
+        column: Some("K_TX0"),
+        prometheus: Some("kernel_tx_packets_at_start"),
+        event: None,
+    }
+    metric {
+        name: "kernel.tx_dropped_at_start",
+        help: "The device's own tx_dropped when tracking began (0 from birth).",
+        kind: Kind::Gauge,
+        unit: Unit::Packets,
+        source: Source::Kernel(KernelStat::TxDroppedAtStart),
+        requires: Requires::Nothing,
+        column: Some("K_DROP0"),
+        prometheus: Some("kernel_tx_dropped_at_start"),
         event: None,
     }
     metric {

@@ -1,6 +1,6 @@
 //! What the programs need to know about the running kernel.
 
-use crate::{MAX_READER_RANGES, MAX_WAKE_RANGES};
+use crate::{MAX_DRIVERS, MAX_READER_RANGES, MAX_WAKE_RANGES};
 
 /// A half-open range `[start, end)` of kernel text.
 #[repr(C)]
@@ -48,6 +48,17 @@ pub struct WakeRange {
     pub range: TextRange,
     /// A [`WakeClass`] value.
     pub class: u32,
+    pub reserved: u32,
+}
+
+/// A driver whose devices the programs count: its `ndo_start_xmit`, where a device's
+/// `netdev_ops` point (kernel text, from kallsyms), and what its devices are.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Driver {
+    pub start_xmit: u64,
+    /// `DeviceSlot::flags` of its devices ([`crate::DEVICE_TUN`] for tun/tap).
+    pub flags: u32,
     pub reserved: u32,
 }
 
@@ -115,6 +126,12 @@ pub struct KernelFacts {
     pub net_inum: u32,
     /// `offsetof(struct net_device, _tx)`.
     pub dev_tx: u32,
+    /// `offsetof(struct net_device, netdev_ops)`.
+    pub dev_netdev_ops: u32,
+    /// `offsetof(struct net_device_ops, ndo_start_xmit)`.
+    pub ops_start_xmit: u32,
+    /// `offsetof(struct net_device, num_tx_queues)` (an `unsigned int`).
+    pub dev_num_tx_queues: u32,
     /// `sizeof(struct netdev_queue)`.
     pub txq_size: u32,
     /// `offsetof(struct netdev_queue, state)`.
@@ -131,14 +148,20 @@ pub struct KernelFacts {
     pub task_nvcsw: u32,
     /// `offsetof(struct sk_buff, next)`: how a bulk dequeue chains its packets.
     pub skb_next: u32,
+    /// Number of valid entries in `drivers`.
+    pub driver_count: u32,
     /// Number of valid entries in `wake_ranges`.
     pub wake_range_count: u32,
+    pub reserved: u32,
+    /// The drivers whose devices are counted, recognised by their transmit function.
+    pub drivers: [Driver; MAX_DRIVERS],
     /// The functions that classify a wake, by where they are on its stack.
     pub wake_ranges: [WakeRange; MAX_WAKE_RANGES],
     pub ring: RingFacts,
     pub packet: PacketFacts,
     /// Number of valid entries in `reader_ranges`.
     pub reader_range_count: u32,
+    pub reserved_end: u32,
     /// Kernel functions from which `consume_skb` means "the tap reader took this packet".
     pub reader_ranges: [TextRange; MAX_READER_RANGES],
 }

@@ -16,23 +16,9 @@ pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Requires, S
 pub use events::{
     EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES, EventKind, TraceEvent,
 };
-pub use facts::{KernelFacts, PacketFacts, RingFacts, TextRange, WakeClass, WakeRange};
-pub use maps::{
-    DEVICE_TUN, DROP_REASON_XMIT_ERROR, Dequeued, DeviceCache, DeviceKey, DeviceSlot, DirectXmit,
-    DirectXmitFrame, DropKey, FRAME_MAGIC, FlowKey, FlowState, InFlight, MAX_BULK, MAX_DEVICES,
-    MAX_DIRECT_XMIT_DEPTH, MAX_DROP_KEYS, MAX_FLOWS, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE,
-    MAX_READER_RANGES, MAX_WAKE_RANGES, OCCUPANCY_BUCKETS, ReaderState, RingSamples,
-    WAKE_STACK_DEPTH,
-};
-pub use names::{
-    GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING,
-    GLOBAL_SLOW_CONSUMER_NS, MAP_COUNTERS, MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS,
-    MAP_EVENTS_LOST, MAP_GENERATION, MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAP_SETTINGS,
-    PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS, PROG_DIRECT_XMIT_ENTRY,
-    PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_SLOW_CONSUMER,
-    PROG_START_XMIT, PROG_WAKE_ENTRY, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, SETTING_COUNT,
-    SETTING_WAKE_EVENTS,
-};
+pub use facts::{Driver, KernelFacts, PacketFacts, RingFacts, TextRange, WakeClass, WakeRange};
+pub use maps::*;
+pub use names::*;
 
 #[cfg(feature = "user")]
 mod pod {

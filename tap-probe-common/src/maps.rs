@@ -10,6 +10,9 @@ pub const MAX_QUEUES_PER_DEVICE: u32 = 64;
 pub const MAX_DEVICES: u32 = 1024;
 /// (queue slot, drop reason) pairs counted at once.
 pub const MAX_DROP_KEYS: u32 = 8192;
+/// Drivers whose devices the programs recognise by their transmit function: tun/tap, veth,
+/// and macvlan for macvtap.
+pub const MAX_DRIVERS: usize = 4;
 /// Address ranges of the kernel functions that free an skb after the tap reader copied it.
 pub const MAX_READER_RANGES: usize = 8;
 /// Address ranges of the kernel functions that classify a queue wake.
@@ -30,6 +33,20 @@ pub const OCCUPANCY_BUCKETS: usize = 18;
 
 /// `DeviceSlot::flags`: the device is a tun/tap, whose `ptr_ring` the programs sample.
 pub const DEVICE_TUN: u32 = 1;
+/// `DeviceSlot::flags`: the programs registered the device themselves, at its first packet,
+/// in a spare range of slots (see [`SPARE_SINGLE_COUNT`]).
+pub const DEVICE_BY_PROBES: u32 = 2;
+
+/// Single slots the loader keeps ready for devices with one transmit queue that the
+/// programs meet before the loader knows them (a tap created after attach): each new
+/// device takes one at its first packet, so nothing it does goes uncounted.
+pub const SPARE_SINGLE_COUNT: u32 = 256;
+/// Ranges of [`MAX_QUEUES_PER_DEVICE`] slots kept ready for new multi-queue devices.
+pub const SPARE_RANGE_COUNT: u32 = 16;
+
+/// `QUEUE_STATE` of a queue whose tracking began mid-life: its stop state is not known
+/// until the programs first look at it (0 is running, `since_ns | 1` stopped).
+pub const QUEUE_STATE_UNKNOWN: u64 = 2;
 
 /// A network device as the kernel names it across namespaces: the inode number of its
 /// network namespace (what `/proc/PID/ns/net` shows) and its ifindex there.
@@ -83,8 +100,6 @@ pub struct DropKey {
 pub struct InFlight {
     pub skb: u64,
     pub dev: u64,
-    /// The `netdev_queue` of the call.
-    pub txq: u64,
     pub key: DeviceKey,
     pub slot: u32,
     pub queue: u16,
@@ -103,9 +118,9 @@ pub struct InFlight {
 pub struct DeviceCache {
     pub dev: u64,
     pub generation: u64,
-    /// The device's `_tx`, its array of `netdev_queue`s (allocated with the device, fixed for
-    /// its lifetime: `alloc_netdev_mqs`, `net/core/dev.c`); 0 in a negative entry.
-    pub tx: u64,
+    /// The device's namespace (`dev_net(dev)`) when the entry was filled: with `key.ifindex`,
+    /// what tells the device from another one later allocated at the same address.
+    pub net: u64,
     pub key: DeviceKey,
     pub base: u32,
     /// 0 when the device is not tracked (a negative entry).
@@ -128,7 +143,10 @@ pub struct RingSamples {
     pub ts_ns: u64,
     /// The latest sample.
     pub current: u64,
+    /// The highest sample, or the ring's size once it tail-dropped (then it was full).
     pub max: u64,
+    /// The ring's size, as the latest read found it; 0 before the first.
+    pub size: u64,
     pub count: u64,
     pub sum: u64,
     /// See [`OCCUPANCY_BUCKETS`].

@@ -24,7 +24,8 @@ pub const MAP_EVENTS: &str = "EVENTS";
 /// Per-CPU count of events that found no room in `EVENTS` (never silent).
 pub const MAP_EVENTS_LOST: &str = "EVENTS_LOST";
 pub const GLOBAL_RECORD_EVENTS: &str = "RECORD_EVENTS";
-/// 1 when the programs sample tun/tap rings (`ring_occupancy`); set by the loader.
+/// How the programs sample tun/tap rings (`ring_occupancy`, `RING_SAMPLES_*`); set by the
+/// loader.
 pub const GLOBAL_SAMPLE_RING: &str = "SAMPLE_RING";
 /// 1 when the programs follow flows' order (`reordered`); set by the loader.
 pub const GLOBAL_FOLLOW_FLOWS: &str = "FOLLOW_FLOWS";
@@ -47,14 +48,35 @@ pub const MAP_SETTINGS: &str = "SETTINGS";
 /// `SETTINGS[SETTING_WAKE_EVENTS] = 1`: the wake kprobe records `QueueWake` events at the
 /// wake itself, so the queue state observers record none.
 pub const SETTING_WAKE_EVENTS: u32 = 0;
+/// `SETTINGS[SETTING_REGISTER] = 1`: the programs register a device they meet that is not
+/// in `DEVICES` (one created since attach) in a spare range of slots.
+pub const SETTING_REGISTER: u32 = 1;
+/// `SETTINGS[SETTING_DEQUEUE_PAIRS] = 1`: the dequeue program follows each dequeue to the
+/// driver (the tracepoint source of `requeued_stopped`).
+pub const SETTING_DEQUEUE_PAIRS: u32 = 2;
 /// Entries of `SETTINGS`.
-pub const SETTING_COUNT: u32 = 1;
+pub const SETTING_COUNT: u32 = 3;
+
+/// Spare slots and ranges the programs take for new devices (queue maps of slot bases).
+pub const MAP_SPARE_SINGLES: &str = "SPARE_SINGLES";
+pub const MAP_SPARE_RANGES: &str = "SPARE_RANGES";
+/// Per-CPU count of events of new devices that found no spare slots left (never silent).
+pub const MAP_NO_ROOM: &str = "NO_ROOM";
+/// Per-CPU count of the devices the programs registered.
+pub const MAP_REGISTERED: &str = "REGISTERED";
+/// Per queue slot: the `net_device` it counts, for the ring sampler.
+pub const MAP_SLOT_DEV: &str = "SLOT_DEV";
+/// The ring sampler: a raw tracepoint program the loader runs (`BPF_PROG_TEST_RUN`) once per
+/// refresh over a device's queues; attached nowhere.
+pub const PROG_SAMPLE_RINGS: &str = "sample_rings";
+/// `SAMPLE_RING` values: rings not sampled; sampled where the queue stops and wakes and once
+/// per refresh; sampled at every driver call and reader take as well.
+pub const RING_SAMPLES_OFF: u32 = 0;
+pub const RING_SAMPLES_EVENTS: u32 = 1;
+pub const RING_SAMPLES_EXACT: u32 = 2;
 
 /// The kprobe source of `requeued_stopped`: entry and return of `sch_direct_xmit`.
 pub const PROG_DIRECT_XMIT_ENTRY: &str = "direct_xmit_entry";
 pub const PROG_DIRECT_XMIT_RETURN: &str = "direct_xmit_return";
-/// The tracepoint source of `requeued_stopped`: each queue's dequeues, followed to the
-/// driver.
-pub const PROG_DEQUEUE_PAIRS: (&str, &str) = ("dequeue_pairs", "qdisc_dequeue");
 /// Wakes by their caller: a kprobe on `netif_tx_wake_queue`.
 pub const PROG_WAKE_ENTRY: &str = "wake_entry";

@@ -2,10 +2,10 @@
 //! and how often that reader slept between takes.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_task,
-    macros::{kprobe, map, raw_tracepoint},
+    helpers::generated::bpf_get_current_task_btf,
+    macros::{btf_tracepoint, kprobe, map},
     maps::Array,
-    programs::{ProbeContext, RawTracePointContext},
+    programs::{BtfTracePointContext, ProbeContext},
 };
 use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS, MAX_READER_RANGES, ReaderState};
 
@@ -13,7 +13,7 @@ use crate::clock::Clock;
 use crate::counters::counters;
 use crate::device::locate_skb;
 use crate::events::record_at;
-use crate::facts::{KERNEL, fact, read};
+use crate::facts::{KERNEL, Mem, Probed, Typed, fact};
 
 /// Per queue slot: its reader at the last take. Shared between CPUs without atomics: a
 /// queue's reader is one thread (a tap queue is one file, read by the thread that owns it),
@@ -23,17 +23,18 @@ use crate::facts::{KERNEL, fact, read};
 static READERS: Array<ReaderState> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
 
 /// A free of `skb` called from `location`: the reader's take when freed from the tun/tap
-/// read path (`tun_do_read`: `tun_put_user`, then `consume_skb`), which is also where tun counts
-/// `tx_packets`.
+/// read path (`tun_do_read`: `tun_put_user`, then `consume_skb`), which is also where tun
+/// counts `tx_packets`. The caller's address is compared first: every other free on the
+/// host leaves there.
 #[inline(always)]
-fn freed_after_use(skb: u64, location: u64) {
+fn freed_after_use<M: Mem>(skb: u64, location: u64) {
     if !in_reader(location) {
         return;
     }
-    let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
+    let Some(dev) = M::read::<u64>(skb, fact!(skb_dev)) else {
         return;
     };
-    let Some(at) = locate_skb(dev, skb) else {
+    let Some(at) = locate_skb::<M>(dev, skb) else {
         return;
     };
     let mut clock = Clock::new();
@@ -42,16 +43,17 @@ fn freed_after_use(skb: u64, location: u64) {
         c.reader_sleeps += reader_sleeps_since_last_take(at.slot);
         record_at(at, EventKind::Consumed, 0, &mut clock);
     }
-    crate::ring::sample(dev, at, &mut clock);
+    crate::ring::sample_exact(dev, at, &mut clock);
 }
 
 /// Called in the reader's context at each take: how many times the current thread slept
 /// voluntarily since its previous take from the same queue (0 at its first take).
 #[inline(always)]
 fn reader_sleeps_since_last_take(slot: u32) -> u64 {
-    // The running task: its address names the thread (one helper call fewer than the tid).
-    let task = unsafe { bpf_get_current_task() };
-    let Some(nvcsw) = read::<u64>(task, fact!(task_nvcsw)) else {
+    // The running task: its address names the thread (one helper call fewer than the tid),
+    // and the verifier knows its type, so `nvcsw` is a plain load.
+    let task = unsafe { bpf_get_current_task_btf() } as u64;
+    let Some(nvcsw) = Typed::read::<u64>(task, fact!(task_nvcsw)) else {
         return 0;
     };
     let Some(last) = READERS.get_ptr_mut(slot) else {
@@ -67,15 +69,17 @@ fn reader_sleeps_since_last_take(slot: u32) -> u64 {
         last.task = task;
         0
     };
-    last.nvcsw = nvcsw;
+    if last.nvcsw != nvcsw {
+        last.nvcsw = nvcsw;
+    }
     slept
 }
 
 /// `consume_skb(skb, location)`: the tracepoint source of reader takes (Linux >= 6.3, where
 /// the tracepoint carries its caller's address).
-#[raw_tracepoint(tracepoint = "consume_skb")]
-pub(crate) fn consume_skb(ctx: RawTracePointContext) -> i32 {
-    freed_after_use(ctx.arg(0), ctx.arg(1));
+#[btf_tracepoint(function = "consume_skb")]
+pub(crate) fn consume_skb(ctx: BtfTracePointContext) -> i32 {
+    freed_after_use::<Typed>(ctx.arg(0), ctx.arg(1));
     0
 }
 
@@ -88,8 +92,8 @@ pub(crate) fn consume_entry(ctx: ProbeContext) -> u32 {
     };
     // SAFETY: regs points at the probed context's saved registers.
     let sp = unsafe { (*ctx.regs).rsp };
-    if let Some(location) = read::<u64>(sp, 0) {
-        freed_after_use(skb, location);
+    if let Some(location) = Probed::read::<u64>(sp, 0) {
+        freed_after_use::<Probed>(skb, location);
     }
     0
 }

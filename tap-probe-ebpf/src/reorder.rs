@@ -30,7 +30,7 @@ use aya_ebpf::{
 };
 use tap_probe_common::{DeviceKey, FRAME_MAGIC, FlowKey, FlowState, MAX_FLOWS, QueueCounters};
 
-use crate::facts::{fact, read};
+use crate::facts::{Mem, fact, read};
 
 /// `htons(ETH_P_IP)` as `skb->protocol` holds it, read as a little-endian `u16`.
 const PROTOCOL_IPV4: u16 = 0x0008;
@@ -122,7 +122,7 @@ struct FrameHead {
 
 /// A driver call of the tracked device `device` begins with `skb`: stash its place.
 #[inline(always)]
-pub(crate) fn driver_call(skb: u64, device: DeviceKey) {
+pub(crate) fn driver_call<M: Mem>(skb: u64, device: DeviceKey) {
     if !following() {
         return;
     }
@@ -132,18 +132,20 @@ pub(crate) fn driver_call(skb: u64, device: DeviceKey) {
     // SAFETY: per-CPU; the transmit path runs with bottom halves disabled.
     let p = unsafe { &mut *p };
     p.kind = NONE;
-    if let Some(place) = place(skb, device) {
+    if let Some(place) = place::<M>(skb, device) {
         *p = place;
     }
 }
 
 #[inline(always)]
-fn place(skb: u64, device: DeviceKey) -> Option<Place> {
-    if read::<u16>(skb, fact!(packet.skb_protocol))? != PROTOCOL_IPV4 {
+fn place<M: Mem>(skb: u64, device: DeviceKey) -> Option<Place> {
+    if M::read::<u16>(skb, fact!(packet.skb_protocol))? != PROTOCOL_IPV4 {
         return None;
     }
-    let head: u64 = read(skb, fact!(packet.skb_head))?;
-    let network: u16 = read(skb, fact!(packet.skb_network_header))?;
+    // The skb's fields as `M` reads them; the headers behind `head`, a plain address to
+    // the verifier, with the probe helper.
+    let head: u64 = M::read(skb, fact!(packet.skb_head))?;
+    let network: u16 = M::read(skb, fact!(packet.skb_network_header))?;
     let ip_at = head + u64::from(network);
     let ip: Ipv4 = read(ip_at, 0)?;
     let ihl = u32::from(ip.version_ihl & 0x0f) * 4;
@@ -166,7 +168,7 @@ fn place(skb: u64, device: DeviceKey) -> Option<Place> {
             let tcp: TcpHead = read(l4, 0)?;
             key.sport = tcp.ports.sport;
             key.dport = tcp.ports.dport;
-            let end: u32 = read(skb, fact!(packet.skb_end))?;
+            let end: u32 = M::read(skb, fact!(packet.skb_end))?;
             let segs: u16 = read(head + u64::from(end), fact!(packet.shinfo_gso_segs))?;
             let headers = ihl + u32::from(tcp.doff >> 4) * 4;
             let data = u32::from(u16::from_be(ip.tot_len)) > headers

@@ -19,17 +19,18 @@
 //!   `busy + requeued_stopped` can be below the qdisc's requeues, never above.
 
 use aya_ebpf::{
-    macros::{kprobe, kretprobe, map, raw_tracepoint},
+    macros::{kprobe, kretprobe, map},
     maps::{Array, PerCpuArray},
-    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
+    programs::{ProbeContext, RetProbeContext},
 };
 use tap_probe_common::{
-    Dequeued, DirectXmit, DirectXmitFrame, MAX_BULK, MAX_DIRECT_XMIT_DEPTH, MAX_QUEUE_SLOTS,
+    Dequeued, DeviceCache, DirectXmit, DirectXmitFrame, MAX_BULK, MAX_DIRECT_XMIT_DEPTH,
+    MAX_QUEUE_SLOTS,
 };
 
 use crate::counters::counters;
-use crate::device::{locate_skb, locate_txq};
-use crate::facts::{fact, read};
+use crate::device::{at, device, queue_index};
+use crate::facts::{Mem, Probed, Typed, fact, read};
 
 /// [`MAX_BULK`] as the kernel's `int packets` compares.
 #[expect(clippy::cast_possible_truncation, reason = "a small constant")]
@@ -85,12 +86,14 @@ pub(crate) fn driver_call(slot: u32, skb: u64) {
     }
 }
 
-/// `skb_shinfo(skb)->gso_segs`: the segments software GSO would make of `skb`.
+/// `skb_shinfo(skb)->gso_segs`: the segments software GSO would make of `skb` (a packet
+/// of a dequeue, whose pointer the verifier knows). The shared info is found through
+/// `skb->head`, a plain address to the verifier: read with the probe helper.
 #[inline(always)]
 fn gso_segs(skb: u64) -> u16 {
     let (Some(head), Some(end)) = (
-        read::<u64>(skb, fact!(packet.skb_head)),
-        read::<u32>(skb, fact!(packet.skb_end)),
+        Typed::read::<u64>(skb, fact!(packet.skb_head)),
+        Typed::read::<u32>(skb, fact!(packet.skb_end)),
     ) else {
         return 0;
     };
@@ -103,7 +106,7 @@ fn chained(skb: u64) -> u32 {
     let mut n = 1;
     let mut p = skb;
     for _ in 1..MAX_BULK {
-        match read::<u64>(p, fact!(skb_next)) {
+        match Probed::read::<u64>(p, fact!(skb_next)) {
             Some(next) if next != 0 => {
                 n += 1;
                 p = next;
@@ -130,7 +133,9 @@ pub(crate) fn direct_xmit_entry(ctx: ProbeContext) -> u32 {
     if let (Some(skb), Some(dev), Some(txq)) =
         (ctx.arg::<u64>(0), ctx.arg::<u64>(2), ctx.arg::<u64>(3))
         && skb != 0
-        && let Some(at) = locate_txq(dev, txq)
+        && let Some(d) = device::<Probed>(dev)
+        && let Some(queue) = queue_index::<Probed>(dev, txq)
+        && let Some(at) = at(&d, queue)
     {
         frame.slot = at.slot;
         frame.packets = chained(skb);
@@ -176,26 +181,24 @@ pub(crate) fn direct_xmit_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// `qdisc_dequeue(qdisc, txq, packets, skb)` with a packet: the queue's previous dequeue is
-/// settled (its packets that did not reach the driver were put back) and this one is
-/// followed. The queue is the packet's own (`skb->queue_mapping`): the root qdisc of a
-/// multi-queue device reports its first queue as `txq`.
-#[raw_tracepoint(tracepoint = "qdisc_dequeue")]
-pub(crate) fn dequeue_pairs(ctx: RawTracePointContext) -> i32 {
-    let skb: u64 = ctx.arg(3);
+/// A dequeue of `packets` packets from `skb` on (chained through `skb->next`) of the counted
+/// device `d` (the tracepoint `qdisc_dequeue`, whose `skb` the verifier knows): the
+/// queue's previous dequeue is settled (its packets that did not reach the driver were put
+/// back) and this one is followed. The queue is the packet's own (`skb->queue_mapping`):
+/// the root qdisc of a multi-queue device reports its first queue as `txq`.
+#[inline(always)]
+pub(crate) fn dequeued(d: &DeviceCache, skb: u64, packets: i32) {
     if skb == 0 {
-        return 0;
+        return;
     }
-    #[expect(clippy::cast_possible_truncation, reason = "an int")]
-    let packets = ctx.arg::<u64>(2) as u32;
-    let Some(dev) = read::<u64>(skb, fact!(skb_dev)) else {
-        return 0;
+    let Some(queue) = Typed::read::<u16>(skb, fact!(skb_queue_mapping)) else {
+        return;
     };
-    let Some(at) = locate_skb(dev, skb) else {
-        return 0;
+    let Some(at) = at(d, queue) else {
+        return;
     };
     let Some(q) = DEQUEUED.get_ptr_mut(at.slot) else {
-        return 0;
+        return;
     };
     // SAFETY: see DEQUEUED.
     let q = unsafe { &mut *q };
@@ -205,25 +208,41 @@ pub(crate) fn dequeue_pairs(ctx: RawTracePointContext) -> i32 {
         c.requeued_stopped += u64::from(q.packets - q.seen);
     }
     // Packets beyond MAX_BULK (only a device with byte queue limits dequeues that many at
-    // once, and none of those is tracked) are not followed.
-    let followed = packets.clamp(1, BULK);
+    // once, and none of those is counted) are not followed.
+    #[expect(clippy::cast_sign_loss, reason = "clamped to a positive range first")]
+    let followed = packets.clamp(1, BULK.cast_signed()) as u32;
     q.packets = followed;
     q.seen = 0;
     q.calls = 0;
+    // The first packet is the tracepoint's, typed; those chained behind it are read with
+    // the probe helper (a pointer loaded in a loop is no longer known to the verifier).
+    q.skbs[0] = skb;
+    q.segs[0] = gso_segs(skb);
     let mut p = skb;
-    let mut n = 0;
-    for (slot, segs) in q.skbs.iter_mut().zip(q.segs.iter_mut()) {
-        *slot = p;
-        *segs = gso_segs(p);
-        n += 1;
+    let mut n = 1;
+    for i in 1..MAX_BULK {
         if n >= followed {
             break;
         }
-        p = read::<u64>(p, fact!(skb_next)).unwrap_or(0);
+        p = Probed::read::<u64>(p, fact!(skb_next)).unwrap_or(0);
         if p == 0 {
             break;
         }
+        q.skbs[i] = p;
+        q.segs[i] = gso_segs_probed(p);
+        n += 1;
     }
     q.packets = n;
-    0
+}
+
+/// [`gso_segs`] of a packet the verifier knows only as an address.
+#[inline(always)]
+fn gso_segs_probed(skb: u64) -> u16 {
+    let (Some(head), Some(end)) = (
+        read::<u64>(skb, fact!(packet.skb_head)),
+        read::<u32>(skb, fact!(packet.skb_end)),
+    ) else {
+        return 0;
+    };
+    read(head + u64::from(end), fact!(packet.shinfo_gso_segs)).unwrap_or(0)
 }

@@ -1,31 +1,44 @@
-//! Ring occupancy: the entries in a tun/tap queue's `ptr_ring`, sampled at the end of every
-//! driver call and at every reader take, into a per-CPU record of the latest sample, the
-//! highest and a log2 histogram.
+//! Ring occupancy: the entries in a tun/tap queue's `ptr_ring`, into a per-CPU record of
+//! the latest sample, the highest and a log2 histogram.
+//!
+//! Where samples are taken is the loader's choice (`SAMPLE_RING`):
+//! - by default where the ring's level means something and events are rare: when the queue
+//!   is seen to stop (the ring is full) and to wake (the reader made room), and once per
+//!   refresh, by [`sample_rings`], which the loader runs itself over each tracked tap. A
+//!   drop at a full ring does not sample, it only notes that the ring was full (`max`
+//!   becomes its size, read once). No packet pays for a sample;
+//! - exactly: also at the end of every driver call and at every reader take. A sample reads
+//!   the position the other side of the ring writes (the reader's at a driver call, the
+//!   driver's at a take): a cache line that moves between CPUs at every packet.
 //!
 //! The ring is found from the device: `tun_struct = netdev_priv(dev)` (checked to point back
 //! at `dev` once per device cache fill, see `device.rs`), `tun_struct.tfiles[queue]`, then
 //! `tun_file.tx_ring`. Its four fields (`producer`, `consumer_head`, `size`, `queue`) come
 //! in one read of the span that holds them.
 
-use aya_ebpf::{helpers::generated::bpf_probe_read_kernel, macros::map, maps::PerCpuArray};
-use tap_probe_common::{DEVICE_TUN, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS, RingSamples};
+use aya_ebpf::{
+    helpers::generated::bpf_probe_read_kernel,
+    macros::{map, raw_tracepoint},
+    maps::PerCpuArray,
+    programs::RawTracePointContext,
+};
+use tap_probe_common::{
+    DEVICE_TUN, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, OCCUPANCY_BUCKETS, RING_SAMPLES_EVENTS,
+    RING_SAMPLES_EXACT, RingSamples,
+};
 
 use crate::clock::Clock;
 use crate::device::At;
 use crate::facts::{fact, read};
 
-/// 1 when the loader wants rings sampled. A sample reads the ring position the other side
-/// of the ring writes (the reader's at a driver call, the driver's at a take): a cache line
-/// that moves between CPUs at every packet, the larger part of a sample's cost.
+/// How rings are sampled (`RING_SAMPLES_*`), set by the loader.
 #[unsafe(no_mangle)]
 static SAMPLE_RING: u32 = 0;
 
-/// Whether rings are sampled at all (read once per device cache fill).
 #[inline(always)]
-pub(crate) fn wanted() -> bool {
+fn sampling() -> u32 {
     // SAFETY: a plain read of the loader's value; volatile so the zero is not folded.
-    let on = unsafe { core::ptr::read_volatile(&raw const SAMPLE_RING) };
-    on != 0
+    unsafe { core::ptr::read_volatile(&raw const SAMPLE_RING) }
 }
 
 /// The most of `struct ptr_ring` read at once; the loader keeps `ring.span_len` within it.
@@ -38,41 +51,142 @@ static OCCUPANCY: PerCpuArray<RingSamples> = PerCpuArray::with_max_entries(MAX_Q
 #[map]
 static RING_SPAN: PerCpuArray<[u8; SPAN_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Samples the ring of `at`'s queue of the tun/tap at `dev`, if it is one.
+/// `slot_flags` without [`DEVICE_TUN`] unless the device's private area is a `tun_struct`
+/// that points back at `dev` (and rings are sampled at all): a wrong offset never leads the
+/// ring samples astray.
 #[inline(always)]
-pub(crate) fn sample(dev: u64, at: At, clock: &mut Clock) {
+pub(crate) fn tun_checked(dev: u64, slot_flags: u32) -> u32 {
+    if slot_flags & DEVICE_TUN == 0 || fact!(ring.known) == 0 || sampling() == 0 {
+        return !DEVICE_TUN;
+    }
+    if is_tun(dev) { u32::MAX } else { !DEVICE_TUN }
+}
+
+/// Whether the private area of the device at `dev` is a `tun_struct` that points back at it.
+#[inline(always)]
+fn is_tun(dev: u64) -> bool {
+    let tun = dev + u64::from(fact!(ring.dev_priv));
+    read::<u64>(tun, fact!(ring.tun_dev)) == Some(dev)
+}
+
+/// Samples the ring of `at`'s queue of the tun/tap at `dev` when every driver call and
+/// take is sampled.
+#[inline(always)]
+pub(crate) fn sample_exact(dev: u64, at: At, clock: &mut Clock) {
+    if sampling() == RING_SAMPLES_EXACT {
+        sample(dev, at, clock);
+    }
+}
+
+/// Samples the ring of `at`'s queue of the tun/tap at `dev` at a stop or a wake (where
+/// every call and take samples, the call that stopped the queue did).
+#[inline(always)]
+pub(crate) fn sample_event(dev: u64, at: At, clock: &mut Clock) {
+    if sampling() == RING_SAMPLES_EVENTS {
+        sample(dev, at, clock);
+    }
+}
+
+/// The ring of `at`'s queue tail-dropped: it was full, so `max` is its size (read from the
+/// ring once per queue and CPU).
+#[inline(always)]
+pub(crate) fn full(dev: u64, at: At) {
+    if at.flags & DEVICE_TUN == 0 || sampling() == 0 {
+        return;
+    }
+    let Some(s) = OCCUPANCY.get_ptr_mut(at.slot) else {
+        return;
+    };
+    // SAFETY: per-CPU; see `sample`.
+    let s = unsafe { &mut *s };
+    if s.size == 0
+        && let Some(ring) = read_ring(dev, at.queue)
+    {
+        s.size = ring.size;
+    }
+    if s.max < s.size {
+        s.max = s.size;
+    }
+}
+
+#[inline(always)]
+fn sample(dev: u64, at: At, clock: &mut Clock) {
     if at.flags & DEVICE_TUN == 0 {
         return;
     }
-    let Some(entries) = occupancy(dev, at.queue) else {
-        return;
-    };
-    let Some(s) = OCCUPANCY.get_ptr_mut(at.slot) else {
+    if let Some(ring) = read_ring(dev, at.queue) {
+        record(at.slot, ring, clock.now());
+    }
+}
+
+/// Counts one sample of `ring` into this CPU's record of `slot`.
+#[inline(always)]
+fn record(slot: u32, ring: Ring, ts_ns: u64) {
+    let Some(s) = OCCUPANCY.get_ptr_mut(slot) else {
         return;
     };
     // SAFETY: per-CPU; a driver call and a reader take do not interleave on one CPU
     // mid-update (both run with bottom halves disabled or in the reader's own context,
     // and an interrupted update only leaves one sample half counted).
     let s = unsafe { &mut *s };
-    s.ts_ns = clock.now();
+    let entries = ring.entries;
+    s.ts_ns = ts_ns;
     s.current = entries;
+    s.size = ring.size;
     if entries > s.max {
         s.max = entries;
     }
     s.count += 1;
     s.sum += entries;
-    let bucket = bucket(entries);
-    if let Some(n) = s.buckets.get_mut(bucket) {
+    if let Some(n) = s.buckets.get_mut(bucket(entries)) {
         *n += 1;
     }
 }
 
-/// Entries in the ring of `queue` of the tun/tap at `dev`: `producer - consumer_head`
-/// modulo the size; when the two are equal the ring is empty or full, which the slot at
-/// `consumer_head` tells (`__ptr_ring_empty` in `include/linux/ptr_ring.h`: the consumer
-/// keeps that slot valid; consumed slots behind it wait for their batched zeroing).
+/// `sample_rings(base, queues)`: samples the rings of the `queues` queues of the tun/tap
+/// whose slots begin at `base`. Attached nowhere: the loader runs it once per refresh
+/// (`BPF_PROG_TEST_RUN`), so a ring's level shows without any packet paying for it.
+#[raw_tracepoint(tracepoint = "sample_rings")]
+pub(crate) fn sample_rings(ctx: RawTracePointContext) -> i32 {
+    #[expect(clippy::cast_possible_truncation, reason = "slot numbers fit 32 bits")]
+    let base = ctx.arg::<u64>(0) as u32;
+    let queues: u64 = ctx.arg(1);
+    let Some(dev) = crate::device::slot_dev(base) else {
+        return 0;
+    };
+    if dev == 0 || fact!(ring.known) == 0 || !is_tun(dev) {
+        return 0;
+    }
+    let now = Clock::new().now();
+    for queue in 0..MAX_QUEUES_PER_DEVICE {
+        if u64::from(queue) >= queues {
+            break;
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "below MAX_QUEUES_PER_DEVICE"
+        )]
+        if let Some(ring) = read_ring(dev, queue as u16) {
+            record(base + queue, ring, now);
+        }
+    }
+    0
+}
+
+/// What one read of a ring says.
+#[derive(Clone, Copy)]
+struct Ring {
+    entries: u64,
+    size: u64,
+}
+
+/// The ring of `queue` of the tun/tap at `dev`: its size, and its entries:
+/// `producer - consumer_head` modulo the size; when the two are equal the ring is empty or
+/// full, which the slot at `consumer_head` tells (`__ptr_ring_empty` in
+/// `include/linux/ptr_ring.h`: the consumer keeps that slot valid; consumed slots behind it
+/// wait for their batched zeroing).
 #[inline(always)]
-fn occupancy(dev: u64, queue: u16) -> Option<u64> {
+fn read_ring(dev: u64, queue: u16) -> Option<Ring> {
     let tun = dev + u64::from(fact!(ring.dev_priv));
     let tfile: u64 = read(tun, fact!(ring.tun_tfiles) + u32::from(queue) * 8)?;
     if tfile == 0 {
@@ -103,18 +217,18 @@ fn occupancy(dev: u64, queue: u16) -> Option<u64> {
     let head = field(fact!(ring.consumer_head))? & 0xffff_ffff;
     let size = field(fact!(ring.size))? & 0xffff_ffff;
     if size == 0 || producer >= size || head >= size {
-        return Some(0);
+        return Some(Ring { entries: 0, size });
     }
-    if producer != head {
-        return Some(if producer > head {
-            producer - head
-        } else {
-            producer + size - head
-        });
-    }
-    let slots = field(fact!(ring.queue))?;
-    let at_head: u64 = read(slots + head * 8, 0)?;
-    Some(if at_head != 0 { size } else { 0 })
+    let entries = match producer.cmp(&head) {
+        core::cmp::Ordering::Greater => producer - head,
+        core::cmp::Ordering::Less => producer + size - head,
+        core::cmp::Ordering::Equal => {
+            let slots = field(fact!(ring.queue))?;
+            let at_head: u64 = read(slots + head * 8, 0)?;
+            if at_head == 0 { 0 } else { size }
+        }
+    };
+    Some(Ring { entries, size })
 }
 
 /// The histogram bucket of `v`: 0 for 0, else `floor(log2 v) + 1`, capped at the last.

@@ -1,30 +1,30 @@
-//! Driver calls: the start and end of each `ndo_start_xmit` on a tracked device, what the
+//! Driver calls: the start and end of each `ndo_start_xmit` on a counted device, what the
 //! driver did with the packet, and the drops that happen inside the call.
 
 use aya_ebpf::{
     EbpfContext,
-    macros::{kprobe, kretprobe, map, raw_tracepoint},
+    macros::{btf_tracepoint, kprobe, kretprobe, map},
     maps::PerCpuArray,
-    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
+    programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
 use aya_log_ebpf::debug;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
 
 use crate::clock::Clock;
 use crate::counters::{count_reason, counters};
-use crate::device::{At, locate_skb};
+use crate::device::{At, locate_skb, txq_state};
 use crate::events::{record, record_at};
-use crate::facts::fact;
+use crate::facts::{Mem, Probed, Typed, fact};
 use crate::queue_state::observe_queue;
 
 /// The driver call in flight on this CPU, between its start and its end.
 #[map]
 static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
 
-/// A driver call begins: remember it for this CPU. False when the device is not tracked.
+/// A driver call begins: remember it for this CPU. False when the device is not counted.
 #[inline(always)]
-fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
-    let Some(at) = locate_skb(dev, skb) else {
+fn xmit_begin<M: Mem, C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
+    let Some(at) = locate_skb::<M>(dev, skb) else {
         return false;
     };
     if let Some(f) = IN_FLIGHT.get_ptr_mut(0) {
@@ -32,7 +32,7 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
         let f = unsafe { &mut *f };
         if f.skb != 0 {
             // The end of the call before was never seen (a missed return probe), or a
-            // tracked device transmits from inside another's driver call: that call is
+            // counted device transmits from inside another's driver call: that call is
             // left uncounted.
             debug!(
                 ctx,
@@ -42,7 +42,6 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
         *f = InFlight {
             skb,
             dev,
-            txq: at.txq,
             key: at.key,
             slot: at.slot,
             queue: at.queue,
@@ -52,15 +51,15 @@ fn xmit_begin<C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
         };
     }
     crate::requeue::driver_call(at.slot, skb);
-    crate::reorder::driver_call(skb, at.key);
+    crate::reorder::driver_call::<M>(skb, at.key);
     true
 }
 
 /// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
-#[raw_tracepoint(tracepoint = "net_dev_start_xmit")]
-pub(crate) fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
+#[btf_tracepoint(function = "net_dev_start_xmit")]
+pub(crate) fn net_dev_start_xmit(ctx: BtfTracePointContext) -> i32 {
     // The end, `net_dev_xmit`, names its skb: a call it does not match is not counted.
-    xmit_begin(&ctx, ctx.arg(0), ctx.arg(1));
+    xmit_begin::<Typed, _>(&ctx, ctx.arg(0), ctx.arg(1));
     0
 }
 
@@ -69,11 +68,11 @@ pub(crate) fn net_dev_start_xmit(ctx: RawTracePointContext) -> i32 {
 #[kprobe]
 pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
     if let (Some(skb), Some(dev)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1))
-        && !xmit_begin(&ctx, skb, dev)
+        && !xmit_begin::<Probed, _>(&ctx, skb, dev)
         && let Some(f) = IN_FLIGHT.get_ptr_mut(0)
     {
         // The return probe has no skb to match: the call it ends is the last one that
-        // began on this CPU. An untracked device's call empties the slot, so that a call
+        // began on this CPU. An uncounted device's call empties the slot, so that a call
         // whose return was missed is never counted at the return of another.
         // SAFETY: per-CPU, bottom halves disabled.
         unsafe { (*f).skb = 0 };
@@ -81,18 +80,11 @@ pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `kfree_skb(skb, location, reason, rx_sk)`: a drop; it is the driver's when it frees the
-/// skb of the call in flight on this CPU (`tun_net_xmit`'s `drop:` label,
-/// `drivers/net/tun.c`).
-#[raw_tracepoint(tracepoint = "kfree_skb")]
-pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
+/// `kfree_skb(skb, location, reason, ...)`: a drop; it is the driver's when it frees the skb
+/// of the call in flight on this CPU (`tun_net_xmit`'s `drop:` label, `drivers/net/tun.c`).
+#[btf_tracepoint(function = "kfree_skb")]
+pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     let skb: u64 = ctx.arg(0);
-    // `enum skb_drop_reason`, passed in a 64-bit argument register.
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "an enum's values fit 32 bits"
-    )]
-    let reason = ctx.arg::<u64>(2) as u32;
     let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
         return 0;
     };
@@ -101,19 +93,21 @@ pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
     if f.skb != skb || skb == 0 {
         return 0;
     }
+    // `enum skb_drop_reason`.
+    let reason: u32 = ctx.arg(2);
     f.dropped = 1;
     let at = At {
         key: f.key,
         slot: f.slot,
         queue: f.queue,
         flags: f.flags,
-        txq: f.txq,
     };
     let Some(c) = counters(at.slot) else {
         return 0;
     };
     if reason == fact!(reason_full_ring) {
         c.dropped_full_ring += 1;
+        crate::ring::full(f.dev, at);
         record(at, EventKind::DroppedFullRing, 0);
     } else {
         c.dropped_other += 1;
@@ -123,10 +117,11 @@ pub(crate) fn kfree_skb(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// The driver returned `rc` for the call in flight on this CPU. `skb` is checked against it
-/// when the source knows it (a return probe does not).
+/// The driver returned `rc` for the call in flight on this CPU, on the device at `dev`
+/// (`None`: the one the call began with). `skb` is checked against it when the source knows
+/// it (a return probe does not).
 #[inline(always)]
-fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
+fn xmit_end<M: Mem, C: EbpfContext>(ctx: &C, dev: Option<u64>, skb: Option<u64>, rc: u64) {
     let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
         return;
     };
@@ -136,8 +131,7 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         return;
     }
     let InFlight {
-        dev,
-        txq,
+        dev: began_on,
         key,
         slot,
         queue,
@@ -146,12 +140,12 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
         ..
     } = *f;
     f.skb = 0;
+    let dev = dev.unwrap_or(began_on);
     let at = At {
         key,
         slot,
         queue,
         flags,
-        txq,
     };
     let Some(c) = counters(slot) else {
         return;
@@ -184,23 +178,31 @@ fn xmit_end<C: EbpfContext>(ctx: &C, skb: Option<u64>, rc: u64) {
             );
         }
     }
-    observe_queue(at, &mut clock);
-    crate::ring::sample(dev, at, &mut clock);
+    if let Some(state) = txq_state::<M>(dev, queue) {
+        observe_queue(dev, at, state, &mut clock);
+    }
+    crate::ring::sample_exact(dev, at, &mut clock);
 }
 
 /// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.
-#[raw_tracepoint(tracepoint = "net_dev_xmit")]
-pub(crate) fn net_dev_xmit(ctx: RawTracePointContext) -> i32 {
-    xmit_end(&ctx, Some(ctx.arg(0)), ctx.arg(1));
+#[btf_tracepoint(function = "net_dev_xmit")]
+pub(crate) fn net_dev_xmit(ctx: BtfTracePointContext) -> i32 {
+    let rc: i32 = ctx.arg(1);
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "the int's bits, as xmit_end reads them"
+    )]
+    let rc = rc as u32;
+    xmit_end::<Typed, _>(&ctx, Some(ctx.arg(2)), Some(ctx.arg(0)), u64::from(rc));
     0
 }
 
 /// The kprobe source of a driver call's end: the return of the function `xmit_entry`
 /// probes. Entry and return run on one CPU with bottom halves disabled, and no driver's
 /// transmit nests into another's, so the call in flight is this one: every entry, of a
-/// tracked device or not, replaces it (`xmit_entry`).
+/// counted device or not, replaces it (`xmit_entry`).
 #[kretprobe]
 pub(crate) fn xmit_return(ctx: RetProbeContext) -> u32 {
-    xmit_end(&ctx, None, ctx.ret::<u64>());
+    xmit_end::<Probed, _>(&ctx, None, None, ctx.ret::<u64>());
     0
 }

@@ -7,29 +7,24 @@
 //! queue's `DRV_XOFF` bit is set: only then does the call clear it and wake the queue.
 
 use aya_ebpf::{
-    EbpfContext,
-    helpers::generated::bpf_get_stack,
-    macros::{kprobe, map},
-    maps::Array,
-    programs::ProbeContext,
+    EbpfContext, helpers::generated::bpf_get_stack, macros::kprobe, programs::ProbeContext,
 };
 use tap_probe_common::{
-    EventKind, MAX_WAKE_RANGES, SETTING_COUNT, SETTING_WAKE_EVENTS, WAKE_STACK_DEPTH, WakeClass,
+    EventKind, MAX_WAKE_RANGES, QUEUE_STATE_UNKNOWN, SETTING_WAKE_EVENTS, WAKE_STACK_DEPTH,
+    WakeClass,
 };
 
+use crate::clock::Clock;
 use crate::counters::counters;
-use crate::device::locate_txq;
+use crate::device::{at, device, queue_index, setting};
 use crate::events::record;
-use crate::facts::{KERNEL, fact, read};
-
-/// Switches the loader sets once it knows what attached (see `SETTING_*`).
-#[map]
-static SETTINGS: Array<u32> = Array::with_max_entries(SETTING_COUNT, 0);
+use crate::facts::{KERNEL, Mem, Probed, fact};
+use crate::queue_state::{state_of, stop};
 
 /// Whether this probe records the `QueueWake` events (it is attached and recording).
 #[inline(always)]
 pub(crate) fn records_wakes() -> bool {
-    SETTINGS.get(SETTING_WAKE_EVENTS).is_some_and(|v| *v != 0)
+    setting(SETTING_WAKE_EVENTS)
 }
 
 /// The bytes of the stack frames read.
@@ -42,18 +37,28 @@ pub(crate) fn wake_entry(ctx: ProbeContext) -> u32 {
     let Some(txq) = ctx.arg::<u64>(0) else {
         return 0;
     };
-    let Some(state) = read::<u64>(txq, fact!(txq_state)) else {
+    let Some(state) = Probed::read::<u64>(txq, fact!(txq_state)) else {
         return 0;
     };
     if state & u64::from(fact!(drv_xoff_mask)) == 0 {
         return 0;
     }
-    let Some(dev) = read::<u64>(txq, fact!(txq_dev)) else {
+    let Some(dev) = Probed::read::<u64>(txq, fact!(txq_dev)) else {
         return 0;
     };
-    let Some(at) = locate_txq(dev, txq) else {
+    let Some(d) = device::<Probed>(dev) else {
         return 0;
     };
+    let Some(at) = queue_index::<Probed>(dev, txq).and_then(|q| at(&d, q)) else {
+        return 0;
+    };
+    // A queue stopped before its tracking began, not looked at since: it is seen stopped
+    // now, before this wake, so the wake that follows has its stop.
+    if let Some(seen) = state_of(at.slot)
+        && unsafe { *seen } == QUEUE_STATE_UNKNOWN
+    {
+        stop(dev, at, seen, &mut Clock::new());
+    }
     let class = classify(&ctx);
     let Some(c) = counters(at.slot) else {
         return 0;

@@ -40,7 +40,7 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
         macvtap: false,
     };
     let stats = || {
-        let devs = Discovery::new(&filter).unwrap().scan().unwrap();
+        let devs = Discovery::new(&filter).unwrap().matching().unwrap();
         assert_eq!(devs.len(), 1, "{devs:?}");
         (devs[0].stats, devs[0].tx_queue_len)
     };

@@ -9,6 +9,8 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
+
+use common::running::{Lines, Running};
 use std::time::Duration;
 
 use tap_probe::lab::RootQdisc;
@@ -470,73 +472,6 @@ fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
     }
 }
 
-/// Kills a `tap-probe` child if the test fails before it is reaped.
-struct ChildGuard(Option<std::process::Child>);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Which of a child's outputs a test reads line by line.
-#[derive(Clone, Copy)]
-enum Lines {
-    Stdout,
-    Stderr,
-}
-
-/// `tap-probe watch` running beside a test (killed if the test fails first), and the lines
-/// of one of its outputs as they come.
-struct Running {
-    guard: ChildGuard,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Running {
-    /// Starts `tap-probe watch` with `filter` and `options`.
-    fn watch(filter: &[&str], options: &[&str], read: Lines) -> Self {
-        let mut child = Command::new(BIN)
-            .arg("watch")
-            .args(filter)
-            .args(options)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stream: Box<dyn std::io::Read + Send> = match read {
-            Lines::Stdout => Box::new(child.stdout.take().unwrap()),
-            Lines::Stderr => Box::new(child.stderr.take().unwrap()),
-        };
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead as _;
-            for line in std::io::BufReader::new(stream)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let _ = tx.send(line);
-            }
-        });
-        Self {
-            guard: ChildGuard(Some(child)),
-            lines,
-        }
-    }
-
-    /// Ends it with SIGTERM: whether it exited cleanly, and the lines not taken yet.
-    fn terminate(mut self) -> (bool, Vec<String>) {
-        let mut child = self.guard.0.take().unwrap();
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let clean = child.wait().unwrap().success();
-        (clean, self.lines.iter().collect())
-    }
-}
-
 /// Sends `frames` frames through `tap` from inside `ns` while a reader takes them all.
 fn send_and_read(ns: &tap_probe::lab::NamedNetns, tap: &tap_probe::lab::Tap, frames: u64) {
     let driven = tap_probe::lab::Drive {
@@ -645,7 +580,7 @@ fn prometheus_endpoint_serves_the_counters() {
     drop(ns);
 }
 
-/// `--no-occupancy` leaves the rings unread, says so in the sources, and changes no count.
+/// `--occupancy off` leaves the rings unread, says so in the sources, and changes no count.
 #[test]
 fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     const FRAMES: u64 = 500;
@@ -656,7 +591,14 @@ fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     let tap = common::tap_in(&ns, "tpo0", RootQdisc::Noqueue).unwrap();
     let watch = Running::watch(
         &["--dev", "tpo0", "--netns", ns.name()],
-        &["--format", "json", "--interval", "0.2", "--no-occupancy"],
+        &[
+            "--format",
+            "json",
+            "--interval",
+            "0.2",
+            "--occupancy",
+            "off",
+        ],
         Lines::Stdout,
     );
     // The first report: the tap is tracked before the first frame.
@@ -677,7 +619,7 @@ fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     let ring = last["sources"]["ring_occupancy"]
         .as_str()
         .unwrap_or_default();
-    assert!(ring.contains("--no-occupancy"), "{last}");
+    assert!(ring.contains("--occupancy off"), "{last}");
     let row = &last["rows"][0];
     assert!(row["ring_occupancy"].is_null(), "{row}");
     for counter in ["xmit_calls", "enqueued", "consumed"] {

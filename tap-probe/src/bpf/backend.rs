@@ -21,15 +21,15 @@
 //! (`/sys/kernel/btf/tun`), so there is no fentry backend.
 
 use anyhow::{Context as _, anyhow, bail};
-use aya::Ebpf;
 use aya::maps::{Array, MapData};
-use aya::programs::RawTracePoint;
+use aya::programs::BtfTracePoint;
+use aya::{Btf, Ebpf};
 use serde::Serialize;
 use tap_probe_common::{
-    MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DEQUEUE_PAIRS,
-    PROG_DIRECT_XMIT_ENTRY, PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE,
-    PROG_START_XMIT, PROG_WAKE_ENTRY, PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN,
-    SETTING_WAKE_EVENTS, Source,
+    MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DIRECT_XMIT_ENTRY,
+    PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_WAKE_ENTRY,
+    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, SETTING_DEQUEUE_PAIRS, SETTING_WAKE_EVENTS,
+    Source,
 };
 
 use crate::bpf::kprobe::{KPROBE_PMU, Kprobes};
@@ -104,8 +104,11 @@ pub(crate) enum Wakes {
 /// Where ring occupancy comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Ring {
-    /// The tap's `ptr_ring`, read at offsets from this BTF file.
-    Sampled(String),
+    /// The tap's `ptr_ring`, read at offsets from the BTF file `btf`, where `mode` says.
+    Sampled {
+        btf: String,
+        mode: crate::bpf::probe::Occupancy,
+    },
     /// Not sampled, and why.
     Unavailable(String),
 }
@@ -221,10 +224,17 @@ impl std::fmt::Display for Wakes {
 impl std::fmt::Display for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Sampled(btf) => write!(
-                f,
-                "ptr_ring read at each driver call and reader take (offsets from {btf})"
-            ),
+            Self::Sampled { btf, mode } => match mode {
+                crate::bpf::probe::Occupancy::Exact => write!(
+                    f,
+                    "ptr_ring read at each driver call and reader take (offsets from {btf})"
+                ),
+                _ => write!(
+                    f,
+                    "ptr_ring read where the queue stops and wakes, at a full-ring drop and \
+                     once per refresh (offsets from {btf})"
+                ),
+            },
             Self::Unavailable(why) => write!(f, "not sampled: {why}"),
         }
     }
@@ -256,7 +266,7 @@ impl Sources {
     /// Whether the ring occupancy is sampled (on tun/tap devices).
     #[must_use]
     pub fn ring_sampled(&self) -> bool {
-        matches!(self.ring, Ring::Sampled(_))
+        matches!(self.ring, Ring::Sampled { .. })
     }
 
     /// The kind of hook behind each counter the programs count, as `counter=hook` pairs in
@@ -383,9 +393,13 @@ pub(crate) fn attach(
         notes.push(format!("fentry: {FENTRY_UNAVAILABLE}"));
     }
     let with_kprobes = matches!(backend, Backend::Auto | Backend::Kprobe);
+    // The tracepoint programs read the kernel's structures through the BTF types of their
+    // arguments (`tp_btf`): plain loads where a raw tracepoint needs a helper call per field.
+    let btf = Btf::from_sys_fs().context("reading the kernel's BTF for the tracepoint programs")?;
+    let btf = &btf;
     // The closing side of a driver call first: an opened bracket is always closed.
-    attach_raw(ebpf, PROG_KFREE_SKB)?;
-    attach_raw(ebpf, PROG_QDISC_DEQUEUE)?;
+    attach_tp(ebpf, btf, PROG_KFREE_SKB)?;
+    attach_tp(ebpf, btf, PROG_QDISC_DEQUEUE)?;
 
     // Driver calls and reader takes: the tracepoints first under auto. A kprobe does not
     // fire while another kprobe's handler runs on its CPU (`kprobe_running()`,
@@ -396,10 +410,10 @@ pub(crate) fn attach(
     let xmit = match backend {
         Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, kprobes, &kernel.kallsyms)?),
         Backend::Tracepoint => {
-            attach_xmit_tracepoints(ebpf)?;
+            attach_xmit_tracepoints(ebpf, btf)?;
             Xmit::Tracepoints
         }
-        Backend::Auto | Backend::Fentry => match attach_xmit_tracepoints(ebpf) {
+        Backend::Auto | Backend::Fentry => match attach_xmit_tracepoints(ebpf, btf) {
             Ok(()) => Xmit::Tracepoints,
             Err(err) => {
                 notes.push(format!("xmit tracepoints: {err:#}"));
@@ -416,7 +430,7 @@ pub(crate) fn attach(
     };
     let consume_tracepoint = |ebpf: &mut Ebpf| {
         if kernel.consume_has_location {
-            attach_raw(ebpf, PROG_CONSUME_SKB)
+            attach_tp(ebpf, btf, PROG_CONSUME_SKB)
         } else {
             Err(no_location())
         }
@@ -471,7 +485,7 @@ pub(crate) fn attach(
             if let Some(Err(err)) = failed {
                 notes.push(format!("requeue kprobes: {err:#}"));
             }
-            attach_raw(ebpf, PROG_DEQUEUE_PAIRS)?;
+            set(ebpf, SETTING_DEQUEUE_PAIRS)?;
             Requeues::DequeuePairs
         }
     };
@@ -488,7 +502,10 @@ pub(crate) fn attach(
     };
 
     let ring = match &kernel.ring_facts {
-        Ok(btf) => Ring::Sampled(btf.clone()),
+        Ok(btf) => Ring::Sampled {
+            btf: btf.clone(),
+            mode: crate::bpf::probe::Occupancy::Events,
+        },
         Err(why) => Ring::Unavailable(why.clone()),
     };
     Ok(Sources {
@@ -528,11 +545,7 @@ fn attach_wake(
         bail!("{WAKE_FUNCTION} is not in /proc/kallsyms");
     }
     kprobes.attach(ebpf, PROG_WAKE_ENTRY, WAKE_FUNCTION, false)?;
-    let mut settings: Array<&mut MapData, u32> = Array::try_from(
-        ebpf.map_mut(MAP_SETTINGS)
-            .ok_or_else(|| anyhow!("map {MAP_SETTINGS} missing from the eBPF object"))?,
-    )?;
-    settings.set(SETTING_WAKE_EVENTS, 1, 0)?;
+    set(ebpf, SETTING_WAKE_EVENTS)?;
     // One name per function and class: `.cold` parts and clones are the same function.
     let mut functions: Vec<String> = Vec::new();
     for (range, class) in &kernel.wake_ranges {
@@ -566,23 +579,37 @@ fn require_kprobes() -> anyhow::Result<()> {
     }
 }
 
-/// The closing side of a driver call first: an opened bracket is always closed.
-fn attach_xmit_tracepoints(ebpf: &mut Ebpf) -> anyhow::Result<()> {
-    attach_raw(ebpf, PROG_XMIT)?;
-    attach_raw(ebpf, PROG_START_XMIT)
+/// Turns on switch `index` of the programs' `SETTINGS`.
+///
+/// # Errors
+/// When the map is missing or refuses the update.
+pub(crate) fn set(ebpf: &mut Ebpf, index: u32) -> anyhow::Result<()> {
+    let mut settings: Array<&mut MapData, u32> = Array::try_from(
+        ebpf.map_mut(MAP_SETTINGS)
+            .ok_or_else(|| anyhow!("map {MAP_SETTINGS} missing from the eBPF object"))?,
+    )?;
+    settings.set(index, 1, 0)?;
+    Ok(())
 }
 
-fn attach_raw(ebpf: &mut Ebpf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {
-    let program: &mut RawTracePoint = ebpf
+/// The closing side of a driver call first: an opened bracket is always closed.
+fn attach_xmit_tracepoints(ebpf: &mut Ebpf, btf: &Btf) -> anyhow::Result<()> {
+    attach_tp(ebpf, btf, PROG_XMIT)?;
+    attach_tp(ebpf, btf, PROG_START_XMIT)
+}
+
+/// Loads a `tp_btf` program against the kernel's BTF of `tracepoint` and attaches it.
+fn attach_tp(ebpf: &mut Ebpf, btf: &Btf, (name, tracepoint): (&str, &str)) -> anyhow::Result<()> {
+    let program: &mut BtfTracePoint = ebpf
         .program_mut(name)
         .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
         .try_into()?;
     program
-        .load()
-        .with_context(|| format!("loading {name} (raw tracepoint)"))?;
+        .load(tracepoint, btf)
+        .with_context(|| format!("loading {name} (BTF tracepoint {tracepoint})"))?;
     program
-        .attach(tracepoint)
-        .with_context(|| format!("attaching to raw tracepoint {tracepoint}"))?;
+        .attach()
+        .with_context(|| format!("attaching to BTF tracepoint {tracepoint}"))?;
     Ok(())
 }
 
@@ -621,7 +648,10 @@ mod tests {
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,
-            ring: Ring::Sampled("/sys/kernel/btf/tun".to_owned()),
+            ring: Ring::Sampled {
+                btf: "/sys/kernel/btf/tun".to_owned(),
+                mode: crate::bpf::probe::Occupancy::Exact,
+            },
             notes: vec!["fentry: no".to_owned()],
         };
         // The groups that were there keep their keys and texts.

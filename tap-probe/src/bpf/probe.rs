@@ -10,15 +10,19 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{
         Array, ArrayOfMaps, HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap,
-        PerCpuValues, RingBuf,
+        PerCpuValues, Queue, RingBuf,
     },
+    programs::{RawTracePoint, RawTracePointRunOptions, TestRun as _},
 };
 use tap_probe_common::{
-    Dequeued, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES,
-    GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_COUNTERS,
-    MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS, MAP_EVENTS_LOST, MAP_GENERATION,
-    MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS, MAX_DEVICES, MAX_QUEUE_SLOTS, OCCUPANCY_BUCKETS,
-    QueueCounters, ReaderState, RingSamples,
+    DEVICE_BY_PROBES, Dequeued, DeviceKey, DeviceSlot, DropKey, EVENTS_RING_BYTES,
+    EVENTS_RING_MIN_BYTES, GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS,
+    GLOBAL_SAMPLE_RING, MAP_COUNTERS, MAP_DEQUEUED, MAP_DEVICES, MAP_DROP_REASONS, MAP_EVENTS,
+    MAP_EVENTS_LOST, MAP_GENERATION, MAP_NO_ROOM, MAP_OCCUPANCY, MAP_QUEUE_STATE, MAP_READERS,
+    MAP_REGISTERED, MAP_SLOT_DEV, MAP_SPARE_RANGES, MAP_SPARE_SINGLES, MAX_DEVICES,
+    MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, OCCUPANCY_BUCKETS, PROG_SAMPLE_RINGS,
+    QUEUE_STATE_UNKNOWN, QueueCounters, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLES_OFF,
+    ReaderState, RingSamples, SETTING_REGISTER, SPARE_RANGE_COUNT, SPARE_SINGLE_COUNT,
 };
 
 use crate::bpf::backend::{Backend, Ring, Sources};
@@ -27,6 +31,9 @@ use crate::bpf::missed::ProgramMissed;
 use crate::bpf::object::Object;
 use crate::bpf::slots::Slots;
 use crate::kernel::KernelInfo;
+
+/// `BPF_NOEXIST` (`include/uapi/linux/bpf.h`): an update that adds a key, never replaces.
+const BPF_NOEXIST: u64 = 1;
 
 /// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
 /// as the returned descriptor is open; it costs two clock reads per program run.
@@ -50,7 +57,7 @@ pub(crate) struct ProgramStats {
 pub struct RingOccupancy {
     /// The latest sample (of whichever CPU sampled last); `None` before the first.
     pub current: Option<u64>,
-    /// The highest sample.
+    /// The highest sample, or the ring's size once it tail-dropped.
     pub max: u64,
     pub samples: u64,
     /// The sum of the samples (for a mean, and Prometheus' `_sum`).
@@ -139,6 +146,21 @@ impl EventsLost {
     }
 }
 
+/// Where the programs sample the tun/tap rings' occupancy (`ring_occupancy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Occupancy {
+    /// Where the queue stops and wakes, at the first full-ring drop, and once per refresh
+    /// by a program the watcher runs itself: no packet pays for a sample.
+    #[default]
+    Events,
+    /// Also at the end of every driver call and at every reader take: each sample reads
+    /// the ring position the other CPU writes, a cache line that then moves between CPUs at
+    /// every packet (about a quarter of a flooded tap's rate).
+    Exact,
+    /// Not sampled.
+    Off,
+}
+
 /// What the programs count beyond the counters every use needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Counting {
@@ -146,9 +168,12 @@ pub(crate) struct Counting {
     pub(crate) events: bool,
     /// Flows' order (`reordered`): the packet's headers at every driver call.
     pub(crate) flows: bool,
-    /// Why ring occupancy (a read of the ring at every driver call and reader take) is not
-    /// sampled, as the sources say it; `None` samples it.
-    pub(crate) no_occupancy: Option<&'static str>,
+    /// Where rings are sampled.
+    pub(crate) occupancy: Occupancy,
+    /// Why rings are not sampled, as the sources say it, when `occupancy` is off.
+    pub(crate) occupancy_off: &'static str,
+    /// Also macvlan's devices (for macvtap), which the programs otherwise do not count.
+    pub(crate) macvtap: bool,
 }
 
 impl Counting {
@@ -156,20 +181,18 @@ impl Counting {
     pub(crate) const WATCH: Self = Self {
         events: false,
         flows: true,
-        no_occupancy: None,
-    };
-
-    /// `watch --no-occupancy`.
-    pub(crate) const WATCH_WITHOUT_OCCUPANCY: Self = Self {
-        no_occupancy: Some("turned off (--no-occupancy)"),
-        ..Self::WATCH
+        occupancy: Occupancy::Events,
+        occupancy_off: "turned off (--occupancy off)",
+        macvtap: false,
     };
 
     /// Events, and none of the counters a trace does not carry.
     pub(crate) const RECORD: Self = Self {
         events: true,
         flows: false,
-        no_occupancy: Some("not recorded"),
+        occupancy: Occupancy::Off,
+        occupancy_off: "not recorded",
+        macvtap: false,
     };
 }
 
@@ -182,14 +205,47 @@ pub(crate) struct Probe {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     sources: Sources,
     cpus: usize,
-    tracked: HashMap<DeviceKey, DeviceSlot>,
+    /// The devices in `DEVICES`, with the slots each holds.
+    tracked: HashMap<DeviceKey, Held>,
     slots: Slots,
+    /// The spare ranges in the programs' queues, ready for new devices.
+    spares: Spares,
     /// The value last written to `GENERATION`.
     generation: u64,
     /// The kprobes attached, through links that report what they missed.
     kprobes: Kprobes,
     /// Where a kprobe's perf link reports its misses on this kernel, if it does.
     kprobe_link_missed: Option<u32>,
+    /// Whether the ring sampler is loaded (rings are sampled where events are, and BTF says
+    /// where they are).
+    sampler: bool,
+    /// The programs' count of registered devices when `DEVICES` was last looked through.
+    registered_seen: u64,
+}
+
+/// A device in `DEVICES` and the slots it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    slot: DeviceSlot,
+    /// The length of its range of slots (a spare multi-queue range is longer than the
+    /// queues counted in it); 0 for a device left out (no slots).
+    len: u32,
+}
+
+/// The bases of the spare ranges in the programs' queues (`SPARE_SINGLES`, `SPARE_RANGES`).
+#[derive(Debug, Default)]
+struct Spares {
+    singles: Vec<u32>,
+    ranges: Vec<u32>,
+}
+
+/// Who put a device into `DEVICES`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The watcher, now: the programs count it from here on.
+    Loader,
+    /// The programs, at its first packet since they attached (in a spare range).
+    Probes,
 }
 
 impl Probe {
@@ -223,11 +279,21 @@ impl Probe {
             0
         };
         let record_events = u32::from(counting.events);
-        let sample_ring = u32::from(counting.no_occupancy.is_none());
+        let sample_ring = match counting.occupancy {
+            Occupancy::Events => RING_SAMPLES_EVENTS,
+            Occupancy::Exact => RING_SAMPLES_EXACT,
+            Occupancy::Off => RING_SAMPLES_OFF,
+        };
         let follow_flows = u32::from(counting.flows);
+        let mut facts = kernel.facts;
+        let drivers = kernel.kallsyms.drivers(counting.macvtap);
+        for (slot, (_, driver)) in facts.drivers.iter_mut().zip(&drivers) {
+            *slot = *driver;
+        }
+        facts.driver_count = u32::try_from(drivers.len().min(facts.drivers.len()))?;
         let mut loader = EbpfLoader::new();
         loader
-            .override_global(GLOBAL_KERNEL, &kernel.facts, true)
+            .override_global(GLOBAL_KERNEL, &facts, true)
             .override_global(GLOBAL_RECORD_EVENTS, &record_events, true)
             .override_global(GLOBAL_SAMPLE_RING, &sample_ring, true)
             .override_global(GLOBAL_FOLLOW_FLOWS, &follow_flows, true)
@@ -253,10 +319,32 @@ impl Probe {
         };
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
-        if let Some(why) = counting.no_occupancy {
-            sources.ring = Ring::Unavailable(why.to_owned());
+        match (&sources.ring, counting.occupancy) {
+            (_, Occupancy::Off) => {
+                sources.ring = Ring::Unavailable(counting.occupancy_off.to_owned());
+            }
+            (Ring::Sampled { btf, .. }, mode) => {
+                sources.ring = Ring::Sampled {
+                    btf: btf.clone(),
+                    mode,
+                };
+            }
+            (Ring::Unavailable(_), _) => {}
         }
-        Ok(Self {
+        // Where every driver call and take samples, a refresh adds nothing.
+        let sampler = if sources.ring_sampled() && counting.occupancy == Occupancy::Events {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(PROG_SAMPLE_RINGS)
+                .ok_or_else(|| anyhow!("program {PROG_SAMPLE_RINGS} missing from the eBPF object"))?
+                .try_into()?;
+            program
+                .load()
+                .with_context(|| format!("loading {PROG_SAMPLE_RINGS}"))?;
+            true
+        } else {
+            false
+        };
+        let mut probe = Self {
             ebpf,
             events,
             logger,
@@ -264,10 +352,15 @@ impl Probe {
             cpus,
             tracked: HashMap::new(),
             slots: Slots::new(MAX_QUEUE_SLOTS),
+            spares: Spares::default(),
             generation: 0,
             kprobes,
             kprobe_link_missed: kernel.kprobe_link_missed,
-        })
+            sampler,
+            registered_seen: 0,
+        };
+        probe.refill_spares()?;
+        Ok(probe)
     }
 
     /// The kernel's own accounting of each attached program: runs and time spent, which
@@ -337,15 +430,31 @@ impl Probe {
         &self.sources
     }
 
-    /// Starts counting for a device with `queues` transmit queues, from zero; `flags` are
-    /// [`DeviceSlot::flags`] (whether its ring is sampled).
+    /// Starts counting for a device with `queues` transmit queues; `flags` are
+    /// [`DeviceSlot::flags`] (whether its ring is sampled). A device the programs registered
+    /// themselves at its first packet keeps the slots they gave it ([`Origin::Probes`]);
+    /// otherwise it gets slots of its own, zeroed, its queues' stop state unknown until the
+    /// programs first look ([`Origin::Loader`]).
     ///
     /// # Errors
     /// [`Full`] when the counter slots or the device map have no room left (nothing is
     /// held then), or a map update fails.
-    pub(crate) fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> anyhow::Result<()> {
-        if self.tracked.contains_key(&key) {
-            return Ok(());
+    pub(crate) fn track(
+        &mut self,
+        key: DeviceKey,
+        queues: u32,
+        flags: u32,
+    ) -> anyhow::Result<Origin> {
+        if let Some(held) = self.tracked.get(&key) {
+            return Ok(if held.slot.flags & DEVICE_BY_PROBES != 0 {
+                Origin::Probes
+            } else {
+                Origin::Loader
+            });
+        }
+        if let Ok(slot) = self.devices_map()?.get(&key, 0) {
+            self.adopt(key, slot);
+            return Ok(Origin::Probes);
         }
         let queues = queues.max(1);
         let base = self.slots.allocate(queues).ok_or(Full::Slots { queues })?;
@@ -355,45 +464,218 @@ impl Probe {
             flags,
             reserved: 0,
         };
-        let inserted = self.reset(base, queues).and_then(|()| {
-            let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
-                BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
-            match devices.insert(key, slot, 0) {
-                Ok(()) => Ok(()),
-                // The hash map is full (htab_map_update_elem: E2BIG).
-                Err(aya::maps::MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
-                {
-                    Err(Full::Devices.into())
-                }
-                Err(err) => Err(anyhow::Error::new(err).context("adding a device")),
+        let inserted = self
+            .reset(base, queues, QUEUE_STATE_UNKNOWN)
+            .and_then(|()| self.insert(key, slot));
+        match inserted {
+            Ok(true) => {}
+            Ok(false) => {
+                // The programs registered it in the meantime, at its first packet.
+                self.slots.free_unused(base, queues);
+                let slot = self.devices_map()?.get(&key, 0)?;
+                self.adopt(key, slot);
+                return Ok(Origin::Probes);
             }
-        });
-        if let Err(err) = inserted {
-            // No program ever saw these slots: they are free again at once.
-            self.slots.free_unused(base, queues);
-            return Err(err);
+            Err(err) => {
+                // No program ever saw these slots: they are free again at once.
+                self.slots.free_unused(base, queues);
+                return Err(err);
+            }
         }
-        self.tracked.insert(key, slot);
+        self.tracked.insert(key, Held { slot, len: queues });
+        self.next_generation()?;
+        Ok(Origin::Loader)
+    }
+
+    /// Puts a device into `DEVICES` unless it is there already (then `false`).
+    fn insert(&mut self, key: DeviceKey, slot: DeviceSlot) -> anyhow::Result<bool> {
+        let mut devices = self.devices_map_mut()?;
+        match devices.insert(key, slot, BPF_NOEXIST) {
+            Ok(()) => Ok(true),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(false)
+            }
+            // The hash map is full (htab_map_update_elem: E2BIG).
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
+            {
+                Err(Full::Devices.into())
+            }
+            Err(err) => Err(anyhow::Error::new(err).context("adding a device")),
+        }
+    }
+
+    /// Takes over a device the programs registered: its range leaves the spares.
+    fn adopt(&mut self, key: DeviceKey, slot: DeviceSlot) {
+        let len = if slot.flags & DEVICE_BY_PROBES == 0 {
+            slot.queues
+        } else if let Some(i) = self.spares.singles.iter().position(|&b| b == slot.base) {
+            self.spares.singles.swap_remove(i);
+            1
+        } else if let Some(i) = self.spares.ranges.iter().position(|&b| b == slot.base) {
+            self.spares.ranges.swap_remove(i);
+            MAX_QUEUES_PER_DEVICE
+        } else {
+            // A range this probe never handed out: not to be freed by it.
+            0
+        };
+        self.tracked.insert(key, Held { slot, len });
+    }
+
+    /// The devices the programs registered at their first packet since the last call,
+    /// now tracked as they were registered.
+    ///
+    /// # Errors
+    /// When the device map cannot be read.
+    pub(crate) fn registered(&mut self) -> anyhow::Result<Vec<DeviceKey>> {
+        let counter: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_REGISTERED)?)?;
+        let registered: u64 = counter.get(&0, 0)?.iter().sum();
+        if registered == self.registered_seen {
+            return Ok(Vec::new());
+        }
+        self.registered_seen = registered;
+        let found: Vec<(DeviceKey, DeviceSlot)> = self
+            .devices_map()?
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, slot)| {
+                slot.flags & DEVICE_BY_PROBES != 0 && !self.tracked.contains_key(key)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(found.len());
+        for (key, slot) in found {
+            self.adopt(key, slot);
+            out.push(key);
+        }
+        Ok(out)
+    }
+
+    /// Leaves a device out: the programs skip it from now on (a negative entry in
+    /// `DEVICES`, so that they do not register it either), and its slots are given back.
+    ///
+    /// # Errors
+    /// When the map update fails.
+    pub(crate) fn ignore(&mut self, key: DeviceKey) -> anyhow::Result<()> {
+        let none = DeviceSlot::default();
+        if let Some(held) = self.tracked.get(&key).copied() {
+            if held.len == 0 && held.slot.queues == 0 {
+                return Ok(());
+            }
+            self.devices_map_mut()?.insert(key, none, 0)?;
+            if held.len > 0 {
+                self.slots.free(held.slot.base, held.len);
+            }
+        } else if !self.insert(key, none)? {
+            // Registered by the programs since the last look: take it over first.
+            let slot = self.devices_map()?.get(&key, 0)?;
+            self.adopt(key, slot);
+            return self.ignore(key);
+        }
+        self.tracked.insert(key, Held { slot: none, len: 0 });
         self.next_generation()
     }
 
-    /// Stops counting for a device; its slots are reused after the next generation.
+    /// Stops counting for a device (or forgets one left out); its slots are reused after
+    /// the next generation.
     ///
     /// # Errors
     /// When the map update fails.
     pub(crate) fn untrack(&mut self, key: DeviceKey) -> anyhow::Result<()> {
-        let Some(slot) = self.tracked.remove(&key) else {
+        let Some(held) = self.tracked.remove(&key) else {
             return Ok(());
         };
-        let mut devices: BpfHashMap<&mut MapData, DeviceKey, DeviceSlot> =
-            BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?;
-        match devices.remove(&key) {
+        match self.devices_map_mut()?.remove(&key) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
             Err(err) => return Err(err).context("removing a device"),
         }
-        self.slots.free(slot.base, slot.queues);
+        if held.len > 0 {
+            self.slots.free(held.slot.base, held.len);
+        }
         self.next_generation()
+    }
+
+    /// Lets the programs register the devices they meet that are not in `DEVICES`: those
+    /// created from now on are counted from their first packet.
+    ///
+    /// # Errors
+    /// When the settings map refuses the update.
+    pub(crate) fn start_registering(&mut self) -> anyhow::Result<()> {
+        crate::bpf::backend::set(&mut self.ebpf, SETTING_REGISTER)
+    }
+
+    /// Tops the programs' spare ranges up to [`SPARE_SINGLE_COUNT`] single slots and
+    /// [`SPARE_RANGE_COUNT`] ranges of [`MAX_QUEUES_PER_DEVICE`], each zeroed first.
+    /// Where the counter slots run short, fewer: a new device that finds none is counted in
+    /// `NO_ROOM` (see [`Probe::no_room`]).
+    ///
+    /// # Errors
+    /// When a map update fails.
+    pub(crate) fn refill_spares(&mut self) -> anyhow::Result<()> {
+        for (len, want, map) in [
+            (1, SPARE_SINGLE_COUNT, MAP_SPARE_SINGLES),
+            (MAX_QUEUES_PER_DEVICE, SPARE_RANGE_COUNT, MAP_SPARE_RANGES),
+        ] {
+            loop {
+                let have = if len == 1 {
+                    &self.spares.singles
+                } else {
+                    &self.spares.ranges
+                };
+                if have.len() >= want as usize {
+                    break;
+                }
+                let Some(base) = self.slots.allocate(len) else {
+                    break;
+                };
+                self.reset(base, len, 0)?;
+                let mut queue: Queue<&mut MapData, u32> = Queue::try_from(self.map_mut(map)?)?;
+                queue
+                    .push(base, 0)
+                    .with_context(|| format!("adding a spare range to {map}"))?;
+                if len == 1 {
+                    self.spares.singles.push(base);
+                } else {
+                    self.spares.ranges.push(base);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Events of new devices that found no spare range left, so went uncounted.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub(crate) fn no_room(&self) -> anyhow::Result<u64> {
+        let n: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_NO_ROOM)?)?;
+        Ok(n.get(&0, 0)?.iter().sum())
+    }
+
+    /// Samples the rings of a tracked tun/tap's queues now (the ring sampler, run through
+    /// `BPF_PROG_TEST_RUN`), where rings are sampled.
+    ///
+    /// # Errors
+    /// When the device is not tracked or the kernel refuses the run.
+    pub(crate) fn sample_rings(&self, key: DeviceKey) -> anyhow::Result<()> {
+        if !self.sampler {
+            return Ok(());
+        }
+        let held = self.held(key)?;
+        if held.slot.queues == 0 || held.slot.flags & tap_probe_common::DEVICE_TUN == 0 {
+            return Ok(());
+        }
+        let program: &RawTracePoint = self
+            .ebpf
+            .program(PROG_SAMPLE_RINGS)
+            .ok_or_else(|| anyhow!("program {PROG_SAMPLE_RINGS} missing from the eBPF object"))?
+            .try_into()?;
+        let mut opts = RawTracePointRunOptions::new();
+        opts.args[0] = u64::from(held.slot.base);
+        opts.args[1] = u64::from(held.slot.queues);
+        program.test_run(opts).context("running the ring sampler")?;
+        Ok(())
     }
 
     /// Invalidates the programs' per-CPU device caches: called after each change to the
@@ -413,8 +695,19 @@ impl Probe {
         self.slots.next_generation();
     }
 
-    /// Zeroes the counters, queue state and drop reasons of slots `base..base + len`.
-    fn reset(&mut self, base: u32, len: u32) -> anyhow::Result<()> {
+    fn devices_map(&self) -> anyhow::Result<BpfHashMap<&MapData, DeviceKey, DeviceSlot>> {
+        Ok(BpfHashMap::try_from(self.map(MAP_DEVICES)?)?)
+    }
+
+    fn devices_map_mut(
+        &mut self,
+    ) -> anyhow::Result<BpfHashMap<&mut MapData, DeviceKey, DeviceSlot>> {
+        Ok(BpfHashMap::try_from(self.map_mut(MAP_DEVICES)?)?)
+    }
+
+    /// Zeroes the counters and drop reasons of slots `base..base + len`, and sets their
+    /// queue state to `state` (0: running; [`QUEUE_STATE_UNKNOWN`]).
+    fn reset(&mut self, base: u32, len: u32, state: u64) -> anyhow::Result<()> {
         let cpus = self.cpus;
         let mut counters: PerCpuArray<&mut MapData, QueueCounters> =
             PerCpuArray::try_from(self.map_mut(MAP_COUNTERS)?)?;
@@ -422,9 +715,13 @@ impl Probe {
             let zero = PerCpuValues::try_from(vec![QueueCounters::default(); cpus])?;
             counters.set(slot, zero, 0)?;
         }
-        let mut state: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_QUEUE_STATE)?)?;
+        let mut states: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_QUEUE_STATE)?)?;
         for slot in base..base + len {
-            state.set(slot, 0, 0)?;
+            states.set(slot, state, 0)?;
+        }
+        let mut devs: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_SLOT_DEV)?)?;
+        for slot in base..base + len {
+            devs.set(slot, 0, 0)?;
         }
         let mut readers: Array<&mut MapData, ReaderState> =
             Array::try_from(self.map_mut(MAP_READERS)?)?;
@@ -483,14 +780,18 @@ impl Probe {
     /// When the device is not tracked or a map update fails.
     pub(crate) fn reset_device(&mut self, key: DeviceKey) -> anyhow::Result<()> {
         let slot = self.slot_of(key)?;
-        self.reset(slot.base, slot.queues)
+        self.reset(slot.base, slot.queues, QUEUE_STATE_UNKNOWN)
     }
 
-    fn slot_of(&self, key: DeviceKey) -> anyhow::Result<DeviceSlot> {
+    fn held(&self, key: DeviceKey) -> anyhow::Result<Held> {
         self.tracked
             .get(&key)
             .copied()
             .ok_or_else(|| anyhow!("device {key:?} is not tracked"))
+    }
+
+    fn slot_of(&self, key: DeviceKey) -> anyhow::Result<DeviceSlot> {
+        self.held(key).map(|held| held.slot)
     }
 
     /// The device's counters now, summed over CPUs.
@@ -515,7 +816,8 @@ impl Probe {
             let samples = occupancy.get(&index, 0)?;
             out.occupancy.push(RingOccupancy::over_cpus(samples.iter()));
             let since = state.get(&index, 0)?;
-            out.stopped_since.push((since != 0).then_some(since & !1));
+            out.stopped_since
+                .push((since & 1 != 0).then_some(since & !1));
         }
         let reasons: PerCpuHashMap<&MapData, DropKey, u64> =
             PerCpuHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;

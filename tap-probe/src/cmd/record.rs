@@ -66,7 +66,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let mut discovery = Discovery::new(&args.devices.filter())?;
-    let mut devices = discovery.scan()?;
+    let mut devices = discovery.matching()?;
     if devices.is_empty() && !args.wait {
         bail!(
             "no tun, tap, veth or macvtap device matches the filter; `tap-probe watch` lists \
@@ -84,7 +84,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             if stop.sleep(WAIT_POLL) {
                 bail!("stopped before any device matched the filter; nothing was recorded");
             }
-            devices = discovery.scan()?;
+            devices = discovery.matching()?;
         }
     }
     let file = File::create(&args.output)
@@ -97,7 +97,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         // count the first MAX_QUEUES_PER_DEVICE.
         let queues = d.queues.clamp(1, MAX_QUEUES_PER_DEVICE);
         match probe.track(d.key, queues, d.slot_flags()) {
-            Ok(()) => tracked.push((d, queues)),
+            Ok(_) => tracked.push((d, queues)),
             Err(err) => eprintln!(
                 "tap-probe: warning: not recording {} (netns {}): {err:#}",
                 d.name, d.netns
@@ -107,7 +107,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if tracked.is_empty() {
         bail!("none of the matching devices could be tracked; nothing was recorded");
     }
-    let now = discovery.scan().unwrap_or_default();
+    let now = discovery.matching().unwrap_or_default();
     let baseline: Vec<(u64, u64)> = tracked
         .iter()
         .map(|(d, _)| {
@@ -225,7 +225,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .trailer
         .context("the trailer was not written, yet no write failed")?;
 
-    let after = discovery.scan().unwrap_or_default();
+    let after = discovery.matching().unwrap_or_default();
     eprint!("{}", summary(&header, &trailer, &baseline, &after));
     if left > 0 {
         eprintln!(

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use crate::bpf::backend::Backend;
-use crate::bpf::probe::Counting;
+use crate::bpf::probe::{Counting, Occupancy};
 use crate::cli::Format;
 use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
@@ -38,11 +38,12 @@ pub(crate) struct Args {
     /// ns per run); turning the measurement on adds two clock reads per run.
     #[arg(long)]
     pub(crate) program_stats: bool,
-    /// Leave the tun/tap rings' occupancy unsampled. A sample reads the ring position the
-    /// other side writes, a cache line that then moves between CPUs at every packet: the
-    /// most costly counter under a flood (README, "Benchmarks", has the figures).
-    #[arg(long)]
-    pub(crate) no_occupancy: bool,
+    /// Where the tun/tap rings' occupancy is sampled: `events` (where the queue stops and
+    /// wakes, at a full-ring drop, once per refresh: no packet pays), `exact` (also at
+    /// every driver call and reader take: each sample moves a cache line between CPUs, the
+    /// most costly counter under a flood), `off`.
+    #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
+    pub(crate) occupancy: Occupancy,
     /// Call a queue stuck when it stays stopped this many seconds with no packet taken by
     /// its reader.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::duration)]
@@ -95,10 +96,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .then(crate::bpf::probe::enable_run_stats)
         .transpose()?;
     let kernel = KernelInfo::load()?;
-    let counting = if args.no_occupancy {
-        Counting::WATCH_WITHOUT_OCCUPANCY
-    } else {
-        Counting::WATCH
+    let counting = Counting {
+        occupancy: args.occupancy,
+        macvtap: filter.macvtap,
+        ..Counting::WATCH
     };
     let mut watcher = Watcher::counting(&kernel, &filter, args.backend, counting)?;
     watcher.set_stuck_after(args.stuck_after);

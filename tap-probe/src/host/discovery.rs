@@ -123,6 +123,26 @@ pub(crate) const MACVTAP_INEXACT: &str = "macvtap devices are watched, but only 
     dropped_full_ring count frames sent out through macvlan, a different path, and ring drops \
     are not counted";
 
+/// What one scan of the host found.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Scan {
+    /// The devices that match the filter.
+    pub(crate) matching: Vec<Device>,
+    /// Devices of the drivers the programs count that the filter leaves out: the programs
+    /// are told to skip them.
+    pub(crate) left_out: Vec<DeviceKey>,
+    /// The namespaces listed, by inode: `true` for those whose devices were read.
+    pub(crate) namespaces: HashMap<u32, bool>,
+}
+
+/// Every tun, tap, veth and macvtap on the host, ignoring the filter; the plain macvlans;
+/// and the namespaces listed, each with whether it could be read.
+struct Survey {
+    devices: Vec<Device>,
+    macvlans: Vec<DeviceKey>,
+    namespaces: HashMap<u32, bool>,
+}
+
 /// Scans the host for devices, keeping one rtnetlink socket per namespace between scans.
 ///
 /// A cached socket keeps its namespace alive; sockets of namespaces that no longer show
@@ -176,14 +196,37 @@ impl Discovery {
         })
     }
 
-    /// The devices matching the filter.
+    /// The devices matching the filter, and the others the programs would count.
     ///
     /// # Errors
     /// When the namespaces cannot be listed at all (no `/proc`). Namespaces and processes
     /// that disappear during the scan are skipped.
-    pub fn scan(&mut self) -> Result<Vec<Device>> {
-        let all = self.describe_all()?;
-        Ok(all.into_iter().filter(|d| self.matches(d)).collect())
+    pub(crate) fn scan(&mut self) -> Result<Scan> {
+        let Survey {
+            devices,
+            macvlans,
+            namespaces,
+        } = self.survey()?;
+        let (matching, others): (Vec<Device>, Vec<Device>) =
+            devices.into_iter().partition(|d| self.matches(d));
+        let mut left_out: Vec<DeviceKey> = others.iter().map(|d| d.key).collect();
+        if self.macvtap {
+            // The programs count macvlan's devices for macvtap: the plain macvlans too.
+            left_out.extend(macvlans);
+        }
+        Ok(Scan {
+            matching,
+            left_out,
+            namespaces,
+        })
+    }
+
+    /// The devices matching the filter.
+    ///
+    /// # Errors
+    /// As [`Discovery::scan`].
+    pub fn matching(&mut self) -> Result<Vec<Device>> {
+        Ok(self.scan()?.matching)
     }
 
     /// Every tun, tap, veth and macvtap on the host, ignoring the filter.
@@ -191,7 +234,15 @@ impl Discovery {
     /// # Errors
     /// When the namespaces cannot be listed at all.
     pub(crate) fn describe_all(&mut self) -> Result<Vec<Device>> {
+        Ok(self.survey()?.devices)
+    }
+
+    /// Every tun, tap, veth and macvtap on the host; the plain macvlans; and the namespaces
+    /// listed, each with whether it could be read.
+    fn survey(&mut self) -> Result<Survey> {
         let namespaces = netns::list()?;
+        let mut read = HashMap::new();
+        let mut macvlans = Vec::new();
         let live: HashSet<u32> = namespaces.iter().map(|ns| ns.inode).collect();
         self.sockets.retain(|inode, _| live.contains(inode));
         self.sysfs.retain(|inode, _| live.contains(inode));
@@ -199,6 +250,7 @@ impl Discovery {
 
         let mut devices = Vec::new();
         for ns in &namespaces {
+            read.insert(ns.inode, false);
             let links = match self.links_in(ns) {
                 Ok(links) => links,
                 Err(err) if denied(&err) => {
@@ -226,9 +278,16 @@ impl Discovery {
                     continue;
                 }
             };
+            read.insert(ns.inode, true);
             for link in links {
                 let kind = DeviceKind::of(&link);
                 if kind == DeviceKind::Other {
+                    if link.kind.as_deref() == Some("macvlan") {
+                        macvlans.push(DeviceKey {
+                            netns: ns.inode,
+                            ifindex: link.ifindex,
+                        });
+                    }
                     continue;
                 }
                 let tun_flags = if kind.is_tun() {
@@ -254,7 +313,11 @@ impl Discovery {
             }
         }
         attach_owners(&mut devices, &tun_holders());
-        Ok(devices)
+        Ok(Survey {
+            devices,
+            macvlans,
+            namespaces: read,
+        })
     }
 
     /// The namespaces the last scan could not enter, each as `name: why`.
@@ -494,7 +557,7 @@ mod privileged_tests {
             macvtap: false,
         })
         .unwrap();
-        let devices = all.scan().unwrap();
+        let devices = all.matching().unwrap();
         assert_eq!(devices.len(), 3, "{devices:#?}");
         let found = devices.iter().find(|d| d.name == "tpd-tap0").unwrap();
         assert_eq!(found.kind, DeviceKind::Tap);
@@ -528,7 +591,7 @@ mod privileged_tests {
             macvtap: false,
         })
         .unwrap();
-        let only = taps.scan().unwrap();
+        let only = taps.matching().unwrap();
         assert_eq!(only.len(), 1, "{only:#?}");
         assert_eq!(only[0].name, "tpd-tap0");
         // describe_all ignores the filter.
@@ -549,6 +612,6 @@ mod privileged_tests {
                 .iter()
                 .any(|d| d.name.starts_with("tpd-"))
         );
-        assert!(all.scan().unwrap().is_empty());
+        assert!(all.matching().unwrap().is_empty());
     }
 }

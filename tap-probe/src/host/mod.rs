@@ -12,32 +12,53 @@ use tap_probe_common::{DeviceKey, QueueCounters};
 
 use crate::bpf::backend::Sources;
 use crate::bpf::missed::ProgramMissed;
-use crate::bpf::probe::{DeviceCounters, Probe};
+use crate::bpf::probe::{DeviceCounters, Origin, Probe};
 use crate::kernel::modules::{ModuleChange, Modules};
 use crate::os::clock::monotonic_ns;
 use crate::os::netlink::LinkStats;
-use discovery::{Device, Discovery};
+use discovery::{Discovery, Scan};
 
 /// What the watcher needs from the host and from the probe, narrow enough for a test to
 /// play without root: list the devices (with the kernel's statistics of each), track and
 /// untrack them, and read their counters.
 pub(crate) trait Host {
-    /// The devices that match the filter now.
+    /// The devices there are now: those that match the filter, and the others.
     ///
     /// # Errors
     /// When the host cannot be scanned.
-    fn devices(&mut self) -> Result<Vec<Device>>;
-    /// Starts counting `queues` transmit queues of a device, from zero (`flags`: see
-    /// `DeviceSlot::flags`).
+    fn devices(&mut self) -> Result<Scan>;
+    /// The devices the programs registered themselves, at their first packet, since the
+    /// last call (once registering is on: see [`Host::start_registering`]). Their counters
+    /// can be read from then on; [`Host::track`] finds them there.
+    ///
+    /// # Errors
+    /// When the probe's maps cannot be read.
+    fn registered(&mut self) -> Result<Vec<DeviceKey>>;
+    /// Counts `queues` transmit queues of a device (`flags`: see `DeviceSlot::flags`):
+    /// from now on and from zero ([`Origin::Loader`]), or, for a device the programs
+    /// registered, as they have since its first packet ([`Origin::Probes`]).
     ///
     /// # Errors
     /// When there is no room left or the maps refuse it.
-    fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> Result<()>;
-    /// Stops counting a device.
+    fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> Result<Origin>;
+    /// Leaves a device out: the programs neither count nor register it.
+    ///
+    /// # Errors
+    /// When the maps refuse it.
+    fn ignore(&mut self, key: DeviceKey) -> Result<()>;
+    /// Stops counting a device, or forgets one left out.
     ///
     /// # Errors
     /// When the maps refuse it.
     fn untrack(&mut self, key: DeviceKey) -> Result<()>;
+    /// Lets the programs register devices created from now on at their first packet.
+    ///
+    /// # Errors
+    /// When the probe refuses it.
+    fn start_registering(&mut self) -> Result<()>;
+    /// Events of new devices the programs could not register (no spare slots were left):
+    /// counts that are short.
+    fn no_room(&self) -> u64;
     /// A tracked device's counters now.
     ///
     /// # Errors
@@ -81,19 +102,42 @@ pub(crate) struct LiveHost {
 }
 
 impl Host for LiveHost {
-    fn devices(&mut self) -> Result<Vec<Device>> {
+    fn devices(&mut self) -> Result<Scan> {
         self.discovery.scan()
     }
 
-    fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> Result<()> {
+    fn registered(&mut self) -> Result<Vec<DeviceKey>> {
+        self.probe.registered()
+    }
+
+    fn track(&mut self, key: DeviceKey, queues: u32, flags: u32) -> Result<Origin> {
         self.probe.track(key, queues, flags)
+    }
+
+    fn ignore(&mut self, key: DeviceKey) -> Result<()> {
+        self.probe.ignore(key)
     }
 
     fn untrack(&mut self, key: DeviceKey) -> Result<()> {
         self.probe.untrack(key)
     }
 
+    fn start_registering(&mut self) -> Result<()> {
+        self.probe.start_registering()
+    }
+
+    fn no_room(&self) -> u64 {
+        self.probe.no_room().unwrap_or_else(|err| {
+            log::warn!("cannot read the count of unregistered devices' events: {err:#}");
+            0
+        })
+    }
+
     fn counters(&self, key: DeviceKey) -> Result<DeviceCounters> {
+        // The rings' level now, where they are sampled: no packet pays for it.
+        if let Err(err) = self.probe.sample_rings(key) {
+            log::debug!("sampling the rings of {key:?}: {err:#}");
+        }
         self.probe.read(key)
     }
 
@@ -112,6 +156,9 @@ impl Host for LiveHost {
     fn refresh_started(&mut self) {
         self.probe.flush_log();
         self.probe.retire_generation();
+        if let Err(err) = self.probe.refill_spares() {
+            log::warn!("cannot refill the spare counter slots for new devices: {err:#}");
+        }
     }
 
     fn sources(&self) -> &Sources {

@@ -22,6 +22,14 @@ pub struct KernelDeltas {
     pub skew: u64,
 }
 
+/// The kernel's own counters of a device when tap-probe started tracking it: what tracking
+/// did not see. Zero for a device tracked from birth.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelAtStart {
+    pub tx_packets: u64,
+    pub tx_dropped: u64,
+}
+
 /// One device queue in one refresh. Its values are read through [`Row::value`], by the
 /// descriptors of [`tap_probe_common::METRICS`]; the outputs iterate those.
 #[derive(Clone, Debug)]
@@ -55,6 +63,10 @@ pub struct Row {
     /// Per device: the same on every queue row of the device, since the kernel keeps no
     /// per-queue transmit statistics for these devices.
     pub kernel: KernelDeltas,
+    /// The kernel's counters of the device when tracking began.
+    pub kernel_at_start: KernelAtStart,
+    /// Counted since the device's first packet (it was created after attach).
+    pub from_birth: bool,
     /// The device disappeared; these are its last counters.
     pub retired: bool,
 }
@@ -95,18 +107,31 @@ impl Row {
             Source::Kernel(KernelStat::TxPackets) => Value::Count(self.kernel.tx_packets),
             Source::Kernel(KernelStat::TxDropped) => Value::Count(self.kernel.tx_dropped),
             Source::Kernel(KernelStat::Skew) => Value::Count(self.kernel.skew),
+            Source::Kernel(KernelStat::TxPacketsAtStart) => {
+                Value::Count(self.kernel_at_start.tx_packets)
+            }
+            Source::Kernel(KernelStat::TxDroppedAtStart) => {
+                Value::Count(self.kernel_at_start.tx_dropped)
+            }
+            Source::FromBirth => Value::Flag(self.from_birth),
         }
     }
 }
 
 /// What a device's rows carry besides the counters: judged by the watcher.
 #[derive(Clone, Copy, Debug, Default)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent facts of one device, each copied into its rows"
+)]
 pub(crate) struct RowContext {
     pub(crate) backpressure: Option<bool>,
     /// Whether the ring is sampled (a tun/tap, with the offsets known).
     pub(crate) ring: bool,
     pub(crate) wake_sources: bool,
     pub(crate) retired: bool,
+    pub(crate) from_birth: bool,
+    pub(crate) at_start: KernelAtStart,
 }
 
 /// The rows of one device: its queues in use, and any other queue that counted something.
@@ -161,6 +186,8 @@ pub(crate) fn device_rows(
                 wake_sources: context.wake_sources,
                 drop_reasons,
                 kernel,
+                kernel_at_start: context.at_start,
+                from_birth: context.from_birth,
                 retired: context.retired,
             }
         })
@@ -186,6 +213,10 @@ pub struct Report {
     /// Modules located at attach that were loaded, unloaded or reloaded since: counts of
     /// their devices may be wrong.
     pub(crate) modules_changed: Vec<crate::kernel::modules::ModuleChange>,
+    /// Events of devices created since attach that found no spare counter slots (too many
+    /// new devices at once): their counts are short.
+    #[serde(rename = "events_without_slots")]
+    pub(crate) no_room: u64,
 }
 
 impl Report {
@@ -193,7 +224,7 @@ impl Report {
     /// feed may then be short.
     #[must_use]
     pub fn may_be_short(&self) -> bool {
-        self.missed.iter().any(|m| m.total() > 0)
+        self.missed.iter().any(|m| m.total() > 0) || self.no_room > 0
     }
 
     /// What a view says besides the counts, one sentence each: the programs that missed
@@ -212,6 +243,12 @@ impl Report {
             out.push(format!(
                 "COUNTS MAY BE SHORT: the kernel skipped program runs: {}",
                 missed.join(", ")
+            ));
+        }
+        if self.no_room > 0 {
+            out.push(format!(
+                "COUNTS MAY BE SHORT: {} events of new devices found no spare counter slots",
+                self.no_room
             ));
         }
         for change in &self.modules_changed {
@@ -284,6 +321,8 @@ pub(crate) mod tests {
                 tx_dropped: 2,
                 skew: 0,
             },
+            kernel_at_start: crate::host::report::KernelAtStart::default(),
+            from_birth: false,
             retired: false,
         }
     }
@@ -303,7 +342,7 @@ pub(crate) mod tests {
     /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
     #[test]
     fn row_json_is_unchanged() {
-        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"flows_joined":0,"ifindex":7,"ifname":"tap0","kernel":{"skew":0,"tx_dropped":2,"tx_packets":6},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"reordered":5,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"flows_joined":0,"from_birth":false,"ifindex":7,"ifname":"tap0","kernel":{"skew":0,"tx_dropped":2,"tx_dropped_at_start":0,"tx_packets":6,"tx_packets_at_start":0},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"reordered":5,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
         let row = full_row();
         let json = serde_json::to_value(&row).unwrap().to_string();
         assert_eq!(json, GOLDEN);

@@ -1,6 +1,6 @@
 //! Keeps the tracked devices in step with the host and reads their counters.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -8,10 +8,10 @@ use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE, QueueCounters};
 
 use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
 use crate::bpf::missed::ProgramMissed;
-use crate::bpf::probe::{Counting, DeviceCounters, Full, Probe};
+use crate::bpf::probe::{Counting, DeviceCounters, Full, Occupancy, Probe};
 use crate::host::baseline::{self, Baseline, counted_between};
-use crate::host::discovery::{Device, Discovery, Filter};
-use crate::host::report::{KernelDeltas, Report, Row, RowContext, device_rows};
+use crate::host::discovery::{Device, Discovery, Filter, Scan};
+use crate::host::report::{KernelAtStart, KernelDeltas, Report, Row, RowContext, device_rows};
 use crate::host::{Host, LiveHost};
 use crate::kernel::modules::ModuleChange;
 use crate::kernel::{KernelInfo, ReasonNames, TunBackpressure};
@@ -39,12 +39,29 @@ pub(crate) struct Tracker<H> {
     full: bool,
     /// The module changes already warned about.
     warned: Vec<ModuleChange>,
+    /// Devices the programs are told to skip: the filter leaves them out.
+    ignored: HashSet<DeviceKey>,
+    /// Devices the programs registered at their first packet that no scan has found yet
+    /// (their namespace was not read).
+    pending: HashSet<DeviceKey>,
+    /// Every device a scan found since attach.
+    seen: HashSet<DeviceKey>,
+    /// The namespaces a scan listed since attach, and those it could read.
+    namespaces_listed: HashSet<u32>,
+    namespaces_read: HashSet<u32>,
+    /// Whether the programs registered new devices since before the last scan: a device
+    /// no scan saw before, in a namespace read before or in a new one, was then created
+    /// since, and counted from its first packet.
+    births_counted: bool,
 }
 
 struct Tracked {
     device: Device,
-    /// The kernel's counters when tracking began.
+    /// The kernel's counters when tracking began (zero for a device tracked from birth).
     baseline: Baseline,
+    /// Tracked since the device's first packet: its creation came after attach, and the
+    /// programs registered it then.
+    from_birth: bool,
     /// The last deltas read, kept for the retirement row.
     kernel: KernelDeltas,
     /// Per queue: `consumed` as last read, and when it last changed (`CLOCK_MONOTONIC` ns;
@@ -95,7 +112,29 @@ impl Watcher {
         filter: &Filter,
         backend: Backend,
     ) -> anyhow::Result<Self> {
-        Self::counting(kernel, filter, backend, Counting::WATCH)
+        Self::with_occupancy(kernel, filter, backend, Occupancy::default())
+    }
+
+    /// Attaches the probes of `backend`, sampling the rings where `occupancy` says.
+    ///
+    /// # Errors
+    /// As [`Watcher::with_backend`].
+    pub fn with_occupancy(
+        kernel: &KernelInfo,
+        filter: &Filter,
+        backend: Backend,
+        occupancy: Occupancy,
+    ) -> anyhow::Result<Self> {
+        Self::counting(
+            kernel,
+            filter,
+            backend,
+            Counting {
+                occupancy,
+                macvtap: filter.macvtap,
+                ..Counting::WATCH
+            },
+        )
     }
 
     /// Attaches the probes of `backend`, counting what `counting` says.
@@ -203,6 +242,12 @@ impl<H: Host> Tracker<H> {
             untracked: HashMap::new(),
             full: false,
             warned: Vec::new(),
+            ignored: HashSet::new(),
+            pending: HashSet::new(),
+            seen: HashSet::new(),
+            namespaces_listed: HashSet::new(),
+            namespaces_read: HashSet::new(),
+            births_counted: false,
         }
     }
 }
@@ -211,25 +256,53 @@ impl<H: Host> Tracker<H> {
     /// Rescans the host, starts tracking new devices, retires vanished ones, and reads every
     /// counter. Retired devices appear once more, marked, with their last counters.
     ///
+    /// The first refresh tracks every device there is: each began before tracking (its
+    /// kernel counters at that moment are its baseline). Then the programs register any
+    /// other device at its first packet, and a second look tracks the devices created
+    /// between the first one and that moment, mid-life too. A device found by a later
+    /// refresh was created since, and is counted from its first packet.
+    ///
     /// # Errors
     /// When the scan or a map read fails.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one refresh: retire, track, read, in the order the baseline needs"
-    )]
     pub(crate) fn refresh(&mut self) -> anyhow::Result<Report> {
         self.host.refresh_started();
+        if !self.births_counted {
+            self.pass()?;
+            self.host.start_registering()?;
+            let report = self.pass()?;
+            self.births_counted = true;
+            return Ok(report);
+        }
+        self.pass()
+    }
+
+    /// One look at the host: see [`Tracker::refresh`].
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one refresh: retire, leave out, track, read, in the order the baseline needs"
+    )]
+    fn pass(&mut self) -> anyhow::Result<Report> {
         // The probes' counters before the kernel's statistics are read, and again after: what
         // they counted in between bounds how far the two may be off (see `baseline`).
+        // Registered before the scan: a scan that does not find one of these finds it gone.
+        self.pending.extend(self.host.registered()?);
         let before: HashMap<DeviceKey, Vec<QueueCounters>> = self
             .devices
             .keys()
+            .chain(self.pending.iter())
             .filter_map(|&key| Some((key, self.host.queue_counters(key).ok()?)))
             .collect();
-        let seen = self.host.devices()?;
+        let Scan {
+            matching,
+            left_out,
+            namespaces,
+        } = self.host.devices()?;
         let now_ns = self.host.now_ns();
         let mut rows = Vec::new();
-        let current: HashMap<DeviceKey, Device> = seen.into_iter().map(|d| (d.key, d)).collect();
+        let current: HashMap<DeviceKey, Device> =
+            matching.into_iter().map(|d| (d.key, d)).collect();
+        let left_out: HashSet<DeviceKey> = left_out.into_iter().collect();
+        let read = |key: &DeviceKey| namespaces.get(&key.netns).copied().unwrap_or(false);
         self.untracked.retain(|key, _| current.contains_key(key));
         let gone: Vec<DeviceKey> = self
             .devices
@@ -240,11 +313,45 @@ impl<H: Host> Tracker<H> {
         for key in gone {
             self.retire(key, now_ns, &mut rows);
         }
+        // The devices the filter leaves out: the programs skip them (and do not register
+        // them at their first packet). Those gone are forgotten.
+        for key in self.ignored.clone() {
+            if read(&key) && !left_out.contains(&key) || !namespaces.contains_key(&key.netns) {
+                self.forget(key);
+            }
+        }
+        for &key in &left_out {
+            if !self.ignored.contains(&key) {
+                match self.host.ignore(key) {
+                    Ok(()) => {
+                        self.ignored.insert(key);
+                        self.pending.remove(&key);
+                    }
+                    Err(err) => log::warn!("cannot leave device {key:?} out: {err:#}"),
+                }
+            }
+        }
+        // Registered by the programs, and gone before any scan found them: nothing can name
+        // them any more.
+        for key in self.pending.clone() {
+            if read(&key) && !current.contains_key(&key) && !left_out.contains(&key) {
+                log::info!(
+                    "a device (ifindex {} in namespace {}) came and went between two \
+                     refreshes; its counts are not shown",
+                    key.ifindex,
+                    key.netns
+                );
+                self.forget(key);
+            }
+        }
         let mut newly_untracked = Vec::new();
+        let mut born = Vec::new();
         for (key, device) in current {
-            // For a device tracked in this refresh, the kernel's statistics of the row are its
-            // baseline, and the probes' counters read right after it bracket them.
+            // For a device tracked mid-life in this refresh, the kernel's statistics of the
+            // row are its baseline, and the probes' counters read right after it bracket
+            // them; one tracked from birth counts as the kernel has since its creation.
             let mut fresh = None;
+            let mut from_zero = false;
             let tracked = match self.devices.entry(key) {
                 std::collections::hash_map::Entry::Occupied(e) => {
                     let t = e.into_mut();
@@ -252,13 +359,27 @@ impl<H: Host> Tracker<H> {
                     t
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    match start_tracking(&mut self.host, key, &device, self.full) {
+                    let since_birth = self.births_counted
+                        && !self.seen.contains(&key)
+                        && (self.namespaces_read.contains(&key.netns)
+                            || !self.namespaces_listed.contains(&key.netns));
+                    match start_tracking(&mut self.host, key, &device, self.full, since_birth) {
                         Ok((baseline, after)) => {
+                            if since_birth {
+                                // Bracketed from zero, unless the counters were read before
+                                // the scan: all they counted may have passed since.
+                                from_zero = !before.contains_key(&key);
+                            }
                             self.untracked.remove(&key);
-                            fresh = Some(after);
+                            self.pending.remove(&key);
+                            fresh = after;
+                            if since_birth {
+                                born.push(key);
+                            }
                             e.insert(Tracked {
                                 device,
                                 baseline,
+                                from_birth: since_birth,
                                 kernel: KernelDeltas::default(),
                                 takes: Vec::new(),
                                 since_ns: now_ns,
@@ -293,15 +414,14 @@ impl<H: Host> Tracker<H> {
                     continue;
                 }
             };
-            let kernel = kernel_deltas(tracked, fresh.as_deref(), before.get(&key), &counters);
+            let before = before
+                .get(&key)
+                .map(Vec::as_slice)
+                .or(from_zero.then_some(&[][..]));
+            let kernel = kernel_deltas(tracked, fresh.as_deref(), before, &counters);
             tracked.kernel = kernel;
             let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
-            let context = context(
-                self.host.sources(),
-                self.backpressure,
-                &tracked.device,
-                false,
-            );
+            let context = context(self.host.sources(), self.backpressure, tracked, false);
             rows.extend(device_rows(
                 &tracked.device,
                 &counters,
@@ -311,6 +431,22 @@ impl<H: Host> Tracker<H> {
                 context,
                 &stuck,
             ));
+        }
+        for key in born {
+            log::info!(
+                "{} (netns {}) appeared; counted from its first packet",
+                self.devices[&key].device.name,
+                self.devices[&key].device.netns
+            );
+        }
+        self.seen.extend(self.devices.keys().copied());
+        self.seen.extend(left_out.iter().copied());
+        self.seen.extend(self.untracked.keys().copied());
+        for (&inode, &was_read) in &namespaces {
+            self.namespaces_listed.insert(inode);
+            if was_read {
+                self.namespaces_read.insert(inode);
+            }
         }
         if !newly_untracked.is_empty() {
             warn_untracked(&newly_untracked, self.untracked.len());
@@ -335,8 +471,19 @@ impl<H: Host> Tracker<H> {
             rows,
             untracked,
             missed: self.host.missed(),
+            no_room: self.host.no_room(),
             modules_changed,
         })
+    }
+
+    /// Forgets a device that is gone or left out: the programs' entry for it goes.
+    fn forget(&mut self, key: DeviceKey) {
+        self.ignored.remove(&key);
+        self.pending.remove(&key);
+        if let Err(err) = self.host.untrack(key) {
+            log::warn!("forgetting device {key:?}: {err:#}");
+        }
+        self.full = false;
     }
 }
 
@@ -345,9 +492,10 @@ impl<H: Host> Tracker<H> {
 fn context(
     sources: &Sources,
     mode: Option<TunBackpressure>,
-    device: &Device,
+    tracked: &Tracked,
     retired: bool,
 ) -> RowContext {
+    let device = &tracked.device;
     let backpressure = if device.kind.is_tun() {
         match mode {
             Some(TunBackpressure::OptIn) => device
@@ -361,9 +509,14 @@ fn context(
     };
     RowContext {
         backpressure,
-        ring: device.kind.is_tun() && matches!(sources.ring, Ring::Sampled(_)),
+        ring: device.kind.is_tun() && matches!(sources.ring, Ring::Sampled { .. }),
         wake_sources: matches!(sources.wakes, Wakes::Callers(_)),
         retired,
+        from_birth: tracked.from_birth,
+        at_start: KernelAtStart {
+            tx_packets: tracked.baseline.tx_packets,
+            tx_dropped: tracked.baseline.tx_dropped,
+        },
     }
 }
 
@@ -383,12 +536,7 @@ impl<H: Host> Tracker<H> {
                     tracked.kernel,
                     &self.names,
                     now_ns,
-                    context(
-                        self.host.sources(),
-                        self.backpressure,
-                        &tracked.device,
-                        true,
-                    ),
+                    context(self.host.sources(), self.backpressure, &tracked, true),
                     &stuck,
                 ));
             }
@@ -417,7 +565,7 @@ impl<H: Host> Tracker<H> {
 fn kernel_deltas(
     tracked: &Tracked,
     fresh: Option<&[QueueCounters]>,
-    before: Option<&Vec<QueueCounters>>,
+    before: Option<&[QueueCounters]>,
     counters: &DeviceCounters,
 ) -> KernelDeltas {
     let counted = |from: &[QueueCounters]| counted_between(from, &counters.queues);
@@ -438,7 +586,7 @@ fn kernel_deltas(
                 .stats
                 .tx_dropped
                 .saturating_sub(tracked.baseline.tx_dropped),
-            skew: tracked.baseline.skew + before.map_or(0, |b| counted(b)),
+            skew: tracked.baseline.skew + before.map_or(0, counted),
         },
     }
 }
@@ -454,20 +602,30 @@ fn start_tracking(
     key: DeviceKey,
     device: &Device,
     full: bool,
-) -> anyhow::Result<(Baseline, Vec<QueueCounters>)> {
+    from_birth: bool,
+) -> anyhow::Result<(Baseline, Option<Vec<QueueCounters>>)> {
     if full {
         return Err(Full::Devices.into());
     }
     // A multi-queue tap has 256 queues whatever number is attached; count the first
     // MAX_QUEUES_PER_DEVICE (the eBPF side ignores queues beyond).
-    host.track(
+    let origin = host.track(
         key,
         device.queues.clamp(1, MAX_QUEUES_PER_DEVICE),
         device.slot_flags(),
     )?;
-    baseline::take(host, key).inspect_err(|_| {
-        let _ = host.untrack(key);
-    })
+    if from_birth {
+        // Created since the programs began registering devices: they have counted it since
+        // its first packet (`Origin::Probes`), or it has sent none yet (`Origin::Loader`),
+        // and the kernel's statistics began at zero with it.
+        log::debug!("{} tracked from birth ({origin:?})", device.name);
+        return Ok((Baseline::default(), None));
+    }
+    baseline::take(host, key)
+        .map(|(baseline, after)| (baseline, Some(after)))
+        .inspect_err(|_| {
+            let _ = host.untrack(key);
+        })
 }
 
 /// Says once which devices became untracked, without a line per device when thousands are.
@@ -493,7 +651,7 @@ mod tests {
 
     use super::*;
     use crate::bpf::backend::Sources;
-    use crate::bpf::probe::{DeviceCounters, RingOccupancy};
+    use crate::bpf::probe::{DeviceCounters, Origin, RingOccupancy};
     use crate::host::discovery::DeviceKind;
     use crate::os::netlink::LinkStats;
 
@@ -501,6 +659,13 @@ mod tests {
     /// tracker asked of it.
     struct FakeHost {
         devices: Vec<Device>,
+        /// Devices of the counted drivers that the filter leaves out.
+        left_out: Vec<DeviceKey>,
+        /// Devices the programs registered at their first packet (once registering).
+        registered: Vec<DeviceKey>,
+        registering: bool,
+        /// Devices the programs were told to skip.
+        ignored: Vec<DeviceKey>,
         counters: HashMap<DeviceKey, DeviceCounters>,
         tracked: HashMap<DeviceKey, u32>,
         /// Every call, in order: `refresh`, `track IFINDEX N`, `untrack IFINDEX`.
@@ -558,6 +723,10 @@ mod tests {
         fn new() -> Self {
             Self {
                 devices: Vec::new(),
+                left_out: Vec::new(),
+                registered: Vec::new(),
+                registering: false,
+                ignored: Vec::new(),
                 counters: HashMap::new(),
                 tracked: HashMap::new(),
                 calls: Vec::new(),
@@ -572,33 +741,80 @@ mod tests {
     }
 
     impl Host for FakeHost {
-        fn devices(&mut self) -> anyhow::Result<Vec<Device>> {
+        fn devices(&mut self) -> anyhow::Result<Scan> {
             self.tick();
-            Ok(self
+            let matching: Vec<Device> = self
                 .devices
                 .iter()
                 .map(|d| Device {
                     stats: self.stats(d.key).unwrap(),
                     ..d.clone()
                 })
-                .collect())
+                .collect();
+            let namespaces = matching
+                .iter()
+                .map(|d| d.key.netns)
+                .chain(self.left_out.iter().map(|k| k.netns))
+                .chain([7])
+                .map(|ns| (ns, true))
+                .collect();
+            Ok(Scan {
+                matching,
+                left_out: self.left_out.clone(),
+                namespaces,
+            })
         }
 
-        fn track(&mut self, key: DeviceKey, queues: u32, _flags: u32) -> anyhow::Result<()> {
+        fn registered(&mut self) -> anyhow::Result<Vec<DeviceKey>> {
+            let new: Vec<DeviceKey> = self
+                .registered
+                .iter()
+                .filter(|k| !self.tracked.contains_key(k))
+                .copied()
+                .collect();
+            for key in &new {
+                self.tracked.insert(*key, 1);
+            }
+            Ok(new)
+        }
+
+        fn track(&mut self, key: DeviceKey, queues: u32, _flags: u32) -> anyhow::Result<Origin> {
             self.tick();
+            if self.tracked.contains_key(&key) {
+                self.calls.push(format!("adopt {}", key.ifindex));
+                return Ok(Origin::Probes);
+            }
             if self.tracked.len() >= self.room {
                 self.calls.push(format!("full {}", key.ifindex));
                 return Err(Full::Devices.into());
             }
             self.calls.push(format!("track {} {queues}", key.ifindex));
             self.tracked.insert(key, queues);
+            Ok(Origin::Loader)
+        }
+
+        fn ignore(&mut self, key: DeviceKey) -> anyhow::Result<()> {
+            self.calls.push(format!("ignore {}", key.ifindex));
+            self.tracked.remove(&key);
+            self.ignored.push(key);
             Ok(())
         }
 
         fn untrack(&mut self, key: DeviceKey) -> anyhow::Result<()> {
             self.calls.push(format!("untrack {}", key.ifindex));
             self.tracked.remove(&key);
+            self.ignored.retain(|k| *k != key);
             Ok(())
+        }
+
+        fn start_registering(&mut self) -> anyhow::Result<()> {
+            self.calls.push("registering".to_owned());
+            self.registering = true;
+            Ok(())
+        }
+
+        fn no_room(&self) -> u64 {
+            0
         }
 
         fn counters(&self, key: DeviceKey) -> anyhow::Result<DeviceCounters> {
@@ -691,33 +907,35 @@ mod tests {
         Tracker::on(FakeHost::new(), ReasonNames::default())
     }
 
+    const TAP0: DeviceKey = DeviceKey {
+        netns: 7,
+        ifindex: 3,
+    };
+
+    /// A device there at attach began before tracking: the kernel's counters then are its
+    /// baseline, shown as `kernel.*_at_start`, and the rows show the growth since.
     #[test]
-    fn a_new_device_is_tracked_and_the_kernel_counts_from_then_on() {
+    fn a_device_there_at_attach_is_tracked_mid_life() {
         let mut t = tracker();
-        assert!(t.refresh().unwrap().rows.is_empty());
         t.host.devices = vec![device(3, "tap0", 100, 40)];
         let rows = t.refresh().unwrap().rows;
-        assert_eq!(
-            t.host.tracked.get(&DeviceKey {
-                netns: 7,
-                ifindex: 3
-            }),
-            Some(&1)
-        );
+        assert_eq!(t.host.tracked.get(&TAP0), Some(&1));
         assert_eq!(rows.len(), 1);
+        assert!(!rows[0].from_birth);
         assert_eq!(
             (rows[0].kernel.tx_packets, rows[0].kernel.tx_dropped),
             (0, 0)
         );
+        assert_eq!(
+            (
+                rows[0].kernel_at_start.tx_packets,
+                rows[0].kernel_at_start.tx_dropped
+            ),
+            (100, 40)
+        );
         // Later the kernel's counters have grown: the rows show the growth since tracking.
         t.host.devices = vec![device(3, "tap0", 150, 45)];
-        t.host.counters.insert(
-            DeviceKey {
-                netns: 7,
-                ifindex: 3,
-            },
-            consumed(50),
-        );
+        t.host.counters.insert(TAP0, consumed(50));
         let rows = t.refresh().unwrap().rows;
         assert_eq!(
             (rows[0].kernel.tx_packets, rows[0].kernel.tx_dropped),
@@ -732,6 +950,91 @@ mod tests {
             .filter(|c| c.starts_with("track"))
             .count();
         assert_eq!(tracks, 1, "tracked once: {:?}", t.host.calls);
+        // The programs register new devices only once every device there was tracked.
+        let registering = t.host.calls.iter().position(|c| c == "registering");
+        let tracked = t.host.calls.iter().position(|c| c == "track 3 1");
+        assert!(tracked < registering, "{:?}", t.host.calls);
+    }
+
+    /// A device created after attach is counted from its first packet: the programs
+    /// registered it, the watcher takes it over without zeroing anything, and the kernel's
+    /// counters count from zero, all of them.
+    #[test]
+    fn a_device_created_after_attach_is_counted_from_birth() {
+        let mut t = tracker();
+        assert!(t.refresh().unwrap().rows.is_empty());
+        assert!(t.host.registering);
+        // It sent 100 packets before this refresh, which the programs counted.
+        t.host.registered = vec![TAP0];
+        t.host.devices = vec![device(3, "tap0", 100, 40)];
+        t.host.counters.insert(TAP0, consumed(100));
+        let rows = t.refresh().unwrap().rows;
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].from_birth);
+        assert_eq!(
+            (rows[0].kernel.tx_packets, rows[0].kernel.tx_dropped),
+            (100, 40)
+        );
+        assert_eq!(rows[0].kernel_at_start, KernelAtStart::default());
+        assert_eq!(rows[0].counters.consumed, 100);
+        assert!(
+            !t.host.calls.iter().any(|c| c.starts_with("reset")),
+            "nothing the programs counted is zeroed: {:?}",
+            t.host.calls
+        );
+        assert!(t.host.calls.contains(&"adopt 3".to_owned()));
+        // A quiet one (no packet yet, so not registered) is from birth too.
+        t.host.devices.push(device(4, "tap1", 0, 0));
+        let rows = t.refresh().unwrap().rows;
+        assert!(rows.iter().all(|r| r.from_birth), "{rows:?}");
+    }
+
+    /// Devices the filter leaves out are skipped by the programs (so not registered), and
+    /// forgotten once gone; one registered before the watcher knew is left out too.
+    #[test]
+    fn devices_left_out_are_skipped_and_forgotten_once_gone() {
+        let mut t = tracker();
+        let other = DeviceKey {
+            netns: 7,
+            ifindex: 9,
+        };
+        t.host.left_out = vec![other];
+        t.refresh().unwrap();
+        assert_eq!(t.host.ignored, [other]);
+        let ignores = |t: &Tracker<FakeHost>| {
+            t.host
+                .calls
+                .iter()
+                .filter(|c| c.starts_with("ignore"))
+                .count()
+        };
+        let once = ignores(&t);
+        t.refresh().unwrap();
+        assert_eq!(ignores(&t), once, "left out once");
+        t.host.left_out.clear();
+        t.refresh().unwrap();
+        assert!(t.host.ignored.is_empty());
+        assert!(t.host.calls.contains(&"untrack 9".to_owned()));
+        // Registered by the programs, then found left out by the filter.
+        t.host.registered = vec![other];
+        t.host.left_out = vec![other];
+        let report = t.refresh().unwrap();
+        assert!(report.rows.is_empty());
+        assert_eq!(t.host.ignored, [other]);
+        assert!(!t.host.tracked.contains_key(&other));
+    }
+
+    /// A device registered by the programs that came and went between two refreshes, in a
+    /// namespace that was read, is forgotten: its slots go back.
+    #[test]
+    fn a_device_gone_before_any_scan_found_it_is_forgotten() {
+        let mut t = tracker();
+        t.refresh().unwrap();
+        t.host.registered = vec![TAP0];
+        t.refresh().unwrap();
+        assert!(!t.host.tracked.contains_key(&TAP0));
+        assert!(t.host.calls.contains(&"untrack 3".to_owned()));
+        assert!(t.pending.is_empty());
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub(crate) fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
         dev_net: offset_of(btf, "net_device", &["nd_net", "net"])?,
         net_inum: offset_of(btf, "net", &["ns", "inum"])?,
         dev_tx: offset_of(btf, "net_device", &["_tx"])?,
+        dev_netdev_ops: offset_of(btf, "net_device", &["netdev_ops"])?,
+        ops_start_xmit: offset_of(btf, "net_device_ops", &["ndo_start_xmit"])?,
+        dev_num_tx_queues: offset_of(btf, "net_device", &["num_tx_queues"])?,
         txq_size: struct_size(btf, "netdev_queue")?,
         txq_state: offset_of(btf, "netdev_queue", &["state"])?,
         txq_dev: offset_of(btf, "netdev_queue", &["dev"])?,
@@ -66,7 +69,10 @@ pub(crate) fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
         },
         task_nvcsw: offset_of(btf, "task_struct", &["nvcsw"])?,
         skb_next: offset_of(btf, "sk_buff", &["next"])?,
+        driver_count: 0,
         wake_range_count: 0,
+        reserved: 0,
+        drivers: Default::default(),
         wake_ranges: Default::default(),
         ring: RingFacts::default(),
         packet: PacketFacts {
@@ -78,6 +84,7 @@ pub(crate) fn kernel_facts(btf: &Btf) -> Result<KernelFacts> {
             reserved: 0,
         },
         reader_range_count: 0,
+        reserved_end: 0,
         reader_ranges: Default::default(),
     })
 }

@@ -10,7 +10,9 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context as _, Result, bail};
-use tap_probe_common::{MAX_READER_RANGES, MAX_WAKE_RANGES, TextRange, WakeClass};
+use tap_probe_common::{
+    DEVICE_TUN, Driver, MAX_READER_RANGES, MAX_WAKE_RANGES, TextRange, WakeClass,
+};
 
 pub(crate) const KALLSYMS: &str = "/proc/kallsyms";
 
@@ -31,6 +33,13 @@ const WAKERS: &[(&str, WakeClass)] = &[
     ("tun_force_wake_queue", WakeClass::Forced),
     ("tun_net_xmit", WakeClass::Recheck),
 ];
+
+/// The drivers whose devices the programs count, by their `ndo_start_xmit`: a device is
+/// recognised by the function its `netdev_ops` point at. tun and tap share tun's. macvlan's
+/// counts only with `--macvtap` (its other devices are plain macvlans, not taps).
+const TUN_XMIT: &str = "tun_net_xmit";
+const VETH_XMIT: &str = "veth_xmit";
+pub(crate) const MACVLAN_XMIT: &str = "macvlan_start_xmit";
 
 /// One kernel text symbol.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,6 +146,41 @@ impl Kallsyms {
                     || s.name
                         .strip_prefix(name)
                         .is_some_and(|rest| rest.starts_with('.'))
+            })
+            .collect()
+    }
+
+    /// The address of the text symbol called exactly `name`.
+    #[must_use]
+    pub(crate) fn address(&self, name: &str) -> Option<u64> {
+        self.symbols
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.address)
+    }
+
+    /// The drivers whose devices the programs recognise, as the programs read them: tun/tap
+    /// and veth, and macvlan (for macvtap) when `macvtap` is set. A driver that is not
+    /// loaded is left out (its module may load later: see `Modules`).
+    #[must_use]
+    pub(crate) fn drivers(&self, macvtap: bool) -> Vec<(&'static str, Driver)> {
+        let wanted: &[(&'static str, u32)] = if macvtap {
+            &[(TUN_XMIT, DEVICE_TUN), (VETH_XMIT, 0), (MACVLAN_XMIT, 0)]
+        } else {
+            &[(TUN_XMIT, DEVICE_TUN), (VETH_XMIT, 0)]
+        };
+        wanted
+            .iter()
+            .filter_map(|&(name, flags)| {
+                let start_xmit = self.address(name)?;
+                Some((
+                    name,
+                    Driver {
+                        start_xmit,
+                        flags,
+                        reserved: 0,
+                    },
+                ))
             })
             .collect()
     }

@@ -15,7 +15,7 @@ pub(crate) mod veth_load;
 pub(crate) mod vhost;
 
 pub use crate::bpf::backend::{Backend, Sources};
-pub use crate::bpf::probe::RingOccupancy;
+pub use crate::bpf::probe::{Occupancy, RingOccupancy};
 pub use crate::host::discovery::{DeviceKind, Discovery, Filter};
 pub use crate::host::report::{Report, Row, Value};
 pub use crate::host::watcher::Watcher;

@@ -77,7 +77,7 @@ impl Serialize for Row {
                 Value::Ratio(ratio) => ratio.map_or(Json::Null, Json::from),
                 Value::Distribution(d) => serde_json::json!({
                     "current": d.current,
-                    "max": (d.samples > 0).then_some(d.max),
+                    "max": (d.samples > 0 || d.max > 0).then_some(d.max),
                     "samples": d.samples,
                     "histogram": d.histogram,
                 }),

@@ -247,6 +247,8 @@ pub(crate) mod tests {
                 tx_dropped: full,
                 skew: 0,
             },
+            kernel_at_start: crate::host::report::KernelAtStart::default(),
+            from_birth: false,
             retired: false,
         }
     }
@@ -259,6 +261,7 @@ pub(crate) mod tests {
             untracked: Vec::new(),
             missed: Vec::new(),
             modules_changed: Vec::new(),
+            no_room: 0,
             rows,
         }
     }

@@ -5,6 +5,8 @@
     reason = "each test binary uses its own subset of these helpers"
 )]
 
+pub(crate) mod running;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context as _, Result};
@@ -100,7 +102,8 @@ pub(crate) fn has_backpressure_flag(kernel: &KernelInfo) -> bool {
 }
 
 /// A watcher for each backend this kernel can run, all attached at once so they count the
-/// same traffic. Every backend the kernel has what it needs for must attach (one that fails
+/// same traffic, sampling the rings at every driver call and take (`Occupancy::Exact`), so
+/// that the samples can be counted against the packets. Every backend the kernel has what it needs for must attach (one that fails
 /// there fails the test): kprobes, and the tracepoints with `consume_skb`'s `location`
 /// (6.3+). The others are skipped, visibly.
 pub(crate) fn watchers(
@@ -110,7 +113,12 @@ pub(crate) fn watchers(
     let expected = kernel.backends();
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe::lab::Watcher::with_backend(&kernel, filter, backend) {
+        match tap_probe::lab::Watcher::with_occupancy(
+            &kernel,
+            filter,
+            backend,
+            tap_probe::lab::Occupancy::Exact,
+        ) {
             Ok(w) => all.push((backend, w)),
             Err(err) if !expected.contains(&backend) => {
                 eprintln!("skipping backend {backend:?} - {err:#}");

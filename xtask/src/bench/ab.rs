@@ -126,6 +126,10 @@ pub(crate) struct VariantSummary<V> {
     pub(crate) ratio: Option<f64>,
     /// `1 - ratio`: the share of the baseline's throughput lost.
     pub(crate) loss: Option<f64>,
+    /// What each unit of throughput costs over the baseline, in nanoseconds, by
+    /// subtraction of the medians: `1e9 / throughput - 1e9 / baseline` (per packet, for a
+    /// throughput in packets per second).
+    pub(crate) ns_per_unit: Option<f64>,
 }
 
 /// A goal: met, not met, or not measurable (`met: None`).
@@ -209,17 +213,19 @@ impl<V: Copy + Eq + fmt::Display + Serialize, R: Serialize, C: Serialize> Result
             .iter()
             .map(|&variant| {
                 let (valid_runs, medians) = summarise(variant);
-                let ratio = medians
+                let pair = medians
                     .get(throughput)
+                    .copied()
                     .zip(baseline)
-                    .filter(|&(_, base)| base > 0.0)
-                    .map(|(value, base)| value / base);
+                    .filter(|&(value, base)| value > 0.0 && base > 0.0);
+                let ratio = pair.map(|(value, base)| value / base);
                 VariantSummary {
                     variant,
                     valid_runs,
                     medians,
                     ratio,
                     loss: ratio.map(|r| 1.0 - r),
+                    ns_per_unit: pair.map(|(value, base)| 1e9 / value - 1e9 / base),
                 }
             })
             .collect();
@@ -298,7 +304,7 @@ impl<V: Copy + Eq + fmt::Display + Serialize, R: Serialize, C: Serialize> Result
             ["variant", "valid"]
                 .into_iter()
                 .chain(measures.iter().map(|m| m.name))
-                .chain(["ratio", "loss"])
+                .chain(["ratio", "loss", "ns_each"])
                 .map(str::to_owned)
                 .collect::<Vec<_>>(),
         ];
@@ -311,10 +317,14 @@ impl<V: Copy + Eq + fmt::Display + Serialize, R: Serialize, C: Serialize> Result
             );
             row.push(num(v.ratio, 4));
             row.push(num(v.loss, 4));
+            row.push(num(v.ns_per_unit, 1));
             variants.push(row);
         }
         let mut out = columns(&runs);
-        out.push_str("\nmedians of the valid runs:\n");
+        out.push_str(
+            "\nmedians of the valid runs (ns_each: nanoseconds each unit of throughput costs \
+             over the baseline, 1e9/X - 1e9/baseline):\n",
+        );
         out.push_str(&columns(&variants));
         out.push('\n');
         for goal in &self.goals {

@@ -2,19 +2,22 @@
 //! traffic it does not.
 //!
 //! With `--traffic tap` (the default) each round runs `tap-probe load` four ways: (A) with
-//! no probe, (B) with `tap-probe watch` attached, (B') with `tap-probe watch --no-occupancy`,
-//! (C) with a bpftrace one-liner that counts the same events, in the alternating order of
-//! the A/B harness (A, B, B', C, then C, B', B, A).
+//! no probe, (B) with `tap-probe watch` attached, (B') with `tap-probe watch --occupancy
+//! exact` (every driver call and take samples the ring), (C) with a bpftrace one-liner that
+//! counts the same events, in the alternating order of the A/B harness (A, B, B', C, then
+//! C, B', B, A).
 //! With `--traffic other` the traffic is a UDP stream over loopback in a private namespace
 //! that the watch does not watch (`stream.rs`), run (A) and (B) ways. Throughput is the
 //! traffic's `delivered_pps`; the results are the medians, the ratios B/A and C/A, and how
 //! B's loss compares with C's. A B run is valid only if the watch counted one driver call
 //! per packet the load sent (none of the other traffic's).
 //!
-//! After the rounds, one more run of B with `--program-stats` gives what each program
-//! costs as the kernel measures it: with the tap, the sum of the means of the programs that
-//! run per packet; with the other traffic, the mean over all the programs' runs, and
-//! whether they ran at least once per datagram sent.
+//! The verdicts are throughput ratios, with what each delivered packet costs by subtraction
+//! (`1e9 / B - 1e9 / A` ns). After the rounds, one more run of B (and of B') with
+//! `--program-stats` breaks the cost down as the kernel measures it: each program's runs per
+//! packet sent and its mean. That accounting adds a clock pair to every run and cannot see
+//! the dispatch, so it is a breakdown, never a verdict; with the other traffic it also shows
+//! that the programs ran at least once per datagram sent.
 
 use std::fmt;
 use std::path::Path;
@@ -40,18 +43,8 @@ const GOAL_MIN_RATIO: f64 = 0.97;
 /// Goal: tap-probe loses at most this share of what bpftrace loses.
 const GOAL_MAX_LOSS_RATIO: f64 = 1.0 / 3.0;
 
-/// Goal: the programs, summed over those that run per packet, cost at most this many ns.
-const GOAL_MAX_NS_PER_PACKET: f64 = 250.0;
-
 /// Goal: tap-probe keeps at least this share of the throughput of traffic it does not watch.
 const GOAL_MIN_RATIO_OTHER: f64 = 0.99;
-
-/// Goal: on traffic it does not watch, a program run costs at most this many ns on average.
-const GOAL_MAX_NS_OTHER: f64 = 30.0;
-
-/// A program runs per packet when it runs at least once per this many packets sent (the
-/// qdisc's programs run only when a packet waits in it, which a flooded tap seldom sees).
-const PER_PACKET_SHARE: u64 = 100;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -70,8 +63,8 @@ enum Variant {
     ProbeOff,
     /// B: `tap-probe watch`.
     TapProbe,
-    /// B': `tap-probe watch --no-occupancy`, what the ring samples cost told apart.
-    TapProbeNoOccupancy,
+    /// B': `tap-probe watch --occupancy exact`, what sampling the ring per packet costs.
+    TapProbeExact,
     /// C: the bpftrace one-liner.
     Bpftrace,
 }
@@ -81,7 +74,7 @@ impl fmt::Display for Variant {
         f.write_str(match self {
             Self::ProbeOff => "probe-off",
             Self::TapProbe => "tap-probe",
-            Self::TapProbeNoOccupancy => "tap-probe-no-occupancy",
+            Self::TapProbeExact => "tap-probe-occupancy-exact",
             Self::Bpftrace => "bpftrace",
         })
     }
@@ -97,8 +90,8 @@ struct Config {
     bpftrace_program: &'static str,
     /// The run with `--program-stats`, after the rounds.
     program_costs: Option<Costs>,
-    /// With the tap, one more with `--program-stats --no-occupancy`.
-    program_costs_without_occupancy: Option<Costs>,
+    /// With the tap, one more with `--program-stats --occupancy exact`.
+    program_costs_exact: Option<Costs>,
 }
 
 /// What the programs cost in the run with `--program-stats`.
@@ -108,10 +101,11 @@ struct Costs {
     programs: Value,
     /// Packets the traffic sent in that run.
     sent: u64,
-    /// With the tap: the means of the programs that ran per packet, summed.
-    ns_per_packet: Option<f64>,
-    /// With the other traffic: the mean ns of a program run, over all runs.
-    mean_ns_per_run: Option<f64>,
+    /// Program runs per packet sent, all programs together.
+    runs_per_packet: Option<f64>,
+    /// The kernel's accounting per packet sent: each program's runs times its mean,
+    /// summed, over the packets (clock pairs included, dispatch not).
+    accounted_ns_per_packet: Option<f64>,
     /// Runs of the most-run program per packet sent: at least 1 when the programs saw
     /// every packet (a stream that bypassed them would make its cost look nil).
     runs_per_sent: Option<f64>,
@@ -135,20 +129,16 @@ impl Costs {
                 ))
             })
             .collect();
-        let per_packet = each
-            .iter()
-            .filter(|(_, runs, _)| runs.saturating_mul(PER_PACKET_SHARE) >= sent)
-            .map(|&(_, _, ns)| ns as f64)
-            .sum();
         let runs: u64 = each.iter().map(|&(_, runs, _)| runs).sum();
         let ns: u64 = each.iter().map(|&(_, runs, ns)| runs * ns).sum();
         let most = each.iter().map(|&(_, runs, _)| runs).max().unwrap_or(0);
+        let per = |n: u64| (sent > 0).then(|| n as f64 / sent as f64);
         Self {
             programs,
             sent,
-            ns_per_packet: (sent > 0).then_some(per_packet),
-            mean_ns_per_run: (runs > 0).then(|| ns as f64 / runs as f64),
-            runs_per_sent: (sent > 0).then(|| most as f64 / sent as f64),
+            runs_per_packet: per(runs),
+            accounted_ns_per_packet: per(ns),
+            runs_per_sent: per(most),
         }
     }
 }
@@ -169,7 +159,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         Traffic::Tap => vec![
             Variant::ProbeOff,
             Variant::TapProbe,
-            Variant::TapProbeNoOccupancy,
+            Variant::TapProbeExact,
             Variant::Bpftrace,
         ],
         Traffic::Other => vec![Variant::ProbeOff, Variant::TapProbe],
@@ -189,7 +179,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         let probe = match variant {
             Variant::ProbeOff => Probe::None,
             Variant::TapProbe => Probe::Watch(&[]),
-            Variant::TapProbeNoOccupancy => Probe::Watch(&["--no-occupancy"]),
+            Variant::TapProbeExact => Probe::Watch(&["--occupancy", "exact"]),
             Variant::Bpftrace => Probe::Bpftrace,
         };
         probed::run(tap_probe, &tag, probe, args.traffic, timing, &dir)
@@ -202,11 +192,11 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         timing,
         &dir,
     )?;
-    let program_costs_without_occupancy = match args.traffic {
+    let program_costs_exact = match args.traffic {
         Traffic::Tap => costs(
             tap_probe,
-            "costs-tap-probe-no-occupancy",
-            &["--program-stats", "--no-occupancy"],
+            "costs-tap-probe-occupancy-exact",
+            &["--program-stats", "--occupancy", "exact"],
             args,
             timing,
             &dir,
@@ -221,27 +211,31 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         throughput_field: THROUGHPUT,
         bpftrace_program: BPFTRACE_PROGRAM,
         program_costs,
-        program_costs_without_occupancy,
+        program_costs_exact,
     };
     let measures = probed::measures();
     let mut results = Results::new(name, config, &schedule, runs, &measures, THROUGHPUT);
     let ratio = |v| results.variant(v).and_then(|s| s.ratio);
     let (tap_probe_ratio, bpftrace_ratio) = (ratio(Variant::TapProbe), ratio(Variant::Bpftrace));
-    let costs = results.config.program_costs.as_ref();
-    if let Some(costs) = costs {
-        eprintln!("program costs (runs, mean ns): {}", costs.programs);
-    }
-    if let Some(c) = &results.config.program_costs_without_occupancy {
-        eprintln!(
-            "program costs without occupancy (runs, mean ns): {}",
-            c.programs
-        );
-        if let Some(ns) = c.ns_per_packet {
+    for (what, c) in [
+        ("watch", &results.config.program_costs),
+        (
+            "watch --occupancy exact",
+            &results.config.program_costs_exact,
+        ),
+    ] {
+        if let Some(c) = c {
             eprintln!(
-                "ns per packet without occupancy, the per-packet programs' means summed: {ns}"
+                "breakdown of {what}, by the kernel's accounting (clock pairs included, \
+                 dispatch not): {:.2} program runs per packet sent, {:.0} ns per packet; \
+                 each (runs, mean ns): {}",
+                c.runs_per_packet.unwrap_or(0.0),
+                c.accounted_ns_per_packet.unwrap_or(0.0),
+                c.programs
             );
         }
     }
+    let costs = results.config.program_costs.as_ref();
     results.goals = goals(args.traffic, tap_probe_ratio, bpftrace_ratio, costs);
     eprintln!("raw output of every run in {}", dir.display());
     results.finish(&measures, &out)
@@ -302,14 +296,6 @@ fn goals(
                     loss_ratio,
                     GOAL_MAX_LOSS_RATIO,
                 ),
-                Goal::at_most(
-                    format!(
-                        "ns per packet, the per-packet programs' means summed \
-                         <= {GOAL_MAX_NS_PER_PACKET}"
-                    ),
-                    costs.and_then(|c| c.ns_per_packet),
-                    GOAL_MAX_NS_PER_PACKET,
-                ),
             ]
         }
         Traffic::Other => vec![
@@ -323,11 +309,6 @@ fn goals(
                 tap_probe_ratio,
                 GOAL_MIN_RATIO_OTHER,
             ),
-            Goal::at_most(
-                format!("mean ns per program run on traffic not watched <= {GOAL_MAX_NS_OTHER}"),
-                costs.and_then(|c| c.mean_ns_per_run),
-                GOAL_MAX_NS_OTHER,
-            ),
         ],
     }
 }
@@ -339,27 +320,26 @@ mod tests {
     use super::Costs;
 
     #[test]
-    fn costs_sum_the_per_packet_programs_and_average_over_all_runs() {
+    fn costs_are_per_packet_sent_over_every_program() {
         let programs = json!([
             {"program": "net_dev_start_xmit", "runs": 1000, "mean_ns": 50},
             {"program": "net_dev_xmit", "runs": 1000, "mean_ns": 100},
             {"program": "consume_skb", "runs": 900, "mean_ns": 150},
-            // Runs on fewer than 1 packet in 100: not per packet.
             {"program": "qdisc_dequeue", "runs": 9, "mean_ns": 2000},
         ]);
         let costs = Costs::new(programs, 1000);
-        assert_eq!(costs.ns_per_packet, Some(300.0));
-        let mean = costs.mean_ns_per_run.unwrap();
-        let expected = (50_000.0 + 100_000.0 + 135_000.0 + 18_000.0) / 2909.0;
-        assert!((mean - expected).abs() < 1e-9, "{mean} != {expected}");
+        assert_eq!(costs.runs_per_packet, Some(2.909));
+        let ns = costs.accounted_ns_per_packet.unwrap();
+        let expected = (50_000.0 + 100_000.0 + 135_000.0 + 18_000.0) / 1000.0;
+        assert!((ns - expected).abs() < 1e-9, "{ns} != {expected}");
         assert_eq!(costs.runs_per_sent, Some(1.0));
     }
 
     #[test]
     fn costs_of_nothing_sent_are_not_measured() {
         let costs = Costs::new(json!([]), 0);
-        assert_eq!(costs.ns_per_packet, None);
-        assert_eq!(costs.mean_ns_per_run, None);
+        assert_eq!(costs.runs_per_packet, None);
+        assert_eq!(costs.accounted_ns_per_packet, None);
         assert_eq!(costs.runs_per_sent, None);
     }
 }

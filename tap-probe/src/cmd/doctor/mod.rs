@@ -30,6 +30,8 @@ pub(crate) struct Args {
 /// only on kernels with the tun/tap "avoid tail-drop" series, or where they are not inlined.
 const FUNCTIONS: &[&str] = &[
     "tun_net_xmit",
+    "veth_xmit",
+    "macvlan_start_xmit",
     "tun_do_read",
     "tap_do_read",
     "tun_ring_consume",
@@ -201,7 +203,7 @@ struct Range {
 struct Facts(KernelFacts);
 
 impl Facts {
-    fn fields(&self) -> [(&'static str, u32); 12] {
+    fn fields(&self) -> [(&'static str, u32); 15] {
         let f = &self.0;
         [
             ("skb_dev", f.skb_dev),
@@ -210,6 +212,9 @@ impl Facts {
             ("dev_net", f.dev_net),
             ("net_inum", f.net_inum),
             ("dev_tx", f.dev_tx),
+            ("dev_netdev_ops", f.dev_netdev_ops),
+            ("ops_start_xmit", f.ops_start_xmit),
+            ("dev_num_tx_queues", f.dev_num_tx_queues),
             ("txq_size", f.txq_size),
             ("txq_state", f.txq_state),
             ("txq_dev", f.txq_dev),

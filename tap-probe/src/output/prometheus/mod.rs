@@ -359,6 +359,15 @@ tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap
 # HELP tap_probe_kernel_tx_dropped_total The device's own tx_dropped since tracking began (per device, on every queue).
 # TYPE tap_probe_kernel_tx_dropped_total counter
 tap_probe_kernel_tx_dropped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
+# HELP tap_probe_tracked_from_birth 1 when the device is counted since its first packet (created after tap-probe attached); 0 when tracking began mid-life.
+# TYPE tap_probe_tracked_from_birth gauge
+tap_probe_tracked_from_birth{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_kernel_tx_packets_at_start The device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).
+# TYPE tap_probe_kernel_tx_packets_at_start gauge
+tap_probe_kernel_tx_packets_at_start{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
+# HELP tap_probe_kernel_tx_dropped_at_start The device's own tx_dropped when tracking began (0 from birth).
+# TYPE tap_probe_kernel_tx_dropped_at_start gauge
+tap_probe_kernel_tx_dropped_at_start{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
 # HELP tap_probe_kernel_skew_packets Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).
 # TYPE tap_probe_kernel_skew_packets gauge
 tap_probe_kernel_skew_packets{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0

@@ -1,0 +1,74 @@
+//! `tap-probe watch` running beside a test: started as a child, its output read line by line
+//! as it comes, killed if the test fails before it is ended.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+
+/// Kills a `tap-probe` child if the test fails before it is reaped.
+pub(crate) struct ChildGuard(pub(crate) Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Which of a child's outputs a test reads line by line.
+#[derive(Clone, Copy)]
+pub(crate) enum Lines {
+    Stdout,
+    Stderr,
+}
+
+/// `tap-probe watch` running beside a test (killed if the test fails first), and the lines
+/// of one of its outputs as they come.
+pub(crate) struct Running {
+    pub(crate) guard: ChildGuard,
+    pub(crate) lines: Receiver<String>,
+}
+
+impl Running {
+    /// Starts `tap-probe watch` with `filter` and `options`.
+    pub(crate) fn watch(filter: &[&str], options: &[&str], read: Lines) -> Self {
+        let mut child = Command::new(BIN)
+            .arg("watch")
+            .args(filter)
+            .args(options)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stream: Box<dyn std::io::Read + Send> = match read {
+            Lines::Stdout => Box::new(child.stdout.take().unwrap()),
+            Lines::Stderr => Box::new(child.stderr.take().unwrap()),
+        };
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        Self {
+            guard: ChildGuard(Some(child)),
+            lines,
+        }
+    }
+
+    /// Ends it with SIGTERM: whether it exited cleanly, and the lines not taken yet.
+    pub(crate) fn terminate(mut self) -> (bool, Vec<String>) {
+        let mut child = self.guard.0.take().unwrap();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let clean = child.wait().unwrap().success();
+        (clean, self.lines.iter().collect())
+    }
+}

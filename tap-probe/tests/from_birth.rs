@@ -1,0 +1,336 @@
+//! Devices that appear while tap-probe watches are counted from their first packet, and
+//! tracking that begins mid-life says so: a tap created during `watch --wait` and flooded at
+//! once, in a namespace that was there and in one that was not; and a queue already stopped
+//! when tracking began. The oracles are the kernel's own counters, read with iproute2 (`ip
+//! -s -j link`, `tc -s -j qdisc`), and the reader's count.
+#![expect(
+    unused_crate_dependencies,
+    reason = "a test binary uses a few of the package's dependencies"
+)]
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::running::{Lines, Running};
+use tap_probe::lab::{
+    Drive, Filter, NamedNetns, ReaderConfig, RootQdisc, SenderConfig, Tap, TapOptions, run_in,
+};
+
+/// Frames of the flood: many times a new tap's ring (its `tx_queue_len`, 1000).
+const FRAMES: u64 = 20_000;
+/// The reader's rate: far below what the sender manages, so the ring fills at once.
+const READER_PPS: u64 = 2_000;
+
+/// The kernel's `tx_packets` and `tx_dropped` of `dev` in `ns`, read by iproute2.
+fn ip_stats(ns: &NamedNetns, dev: &str) -> (u64, u64) {
+    let out = Command::new("ip")
+        .args(["-n", ns.name(), "-s", "-j", "link", "show", "dev", dev])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tx = &links[0]["stats64"]["tx"];
+    (
+        tx["packets"].as_u64().unwrap(),
+        tx["dropped"].as_u64().unwrap(),
+    )
+}
+
+/// The root qdisc's `packets`, `requeues` and `qlen` of `dev` in `ns`, read by `tc`.
+fn tc_stats(ns: &NamedNetns, dev: &str) -> (u64, u64, u64) {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns.name(),
+            "tc",
+            "-s",
+            "-j",
+            "qdisc",
+            "show",
+            "dev",
+            dev,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let qdiscs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = qdiscs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["root"] == true)
+        .unwrap_or_else(|| panic!("no root qdisc on {dev}: {qdiscs}"));
+    let n = |field: &str| {
+        root[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field}: {root}"))
+    };
+    (n("packets"), n("requeues"), n("qlen"))
+}
+
+/// The next JSON report of `watch`, within the time a report may take here.
+fn next_report(watch: &Running) -> serde_json::Value {
+    let line = watch
+        .lines
+        .recv_timeout(Duration::from_secs(30) * common::slowdown())
+        .expect("watch reports within its interval");
+    serde_json::from_str(&line).unwrap()
+}
+
+/// Creates a tap in `ns` while `watch` runs (it has reported once, so the programs register
+/// new devices), floods it at once into a full ring with a slow reader of its own, and
+/// checks that every packet of its life is counted: each take and each drop equals the
+/// kernel's count and the reader's, and the driver calls equal `tx_packets + tx_dropped`.
+fn flood_a_new_tap(watch: &Running, ns: &NamedNetns, name: &str) {
+    // No qdisc: every kernel tail-drops beyond the ring, with or without the fix.
+    let tap = common::tap_in(ns, name, RootQdisc::Noqueue).unwrap();
+    let driven = Drive {
+        netns: ns.path(),
+        tap: &tap,
+        sender: SenderConfig::new(0, FRAMES, Duration::from_secs(20) * common::slowdown()),
+        reader: ReaderConfig {
+            pps: Some(READER_PPS),
+            deadline: Duration::from_mins(1),
+            max_packets: None,
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap();
+    let read = driven.read[0].packets + driven.drained[0];
+    let (tx_packets, tx_dropped) = ip_stats(ns, name);
+    assert_eq!(
+        tx_packets, read,
+        "the kernel counts each frame the reader took"
+    );
+    assert!(
+        tx_dropped > 0,
+        "the ring never filled ({tx_packets} read, none dropped): this run proves nothing"
+    );
+    assert_eq!(
+        tx_packets + tx_dropped,
+        driven.sent.attempted,
+        "without a qdisc each frame sent is one driver call: {:?}",
+        driven.sent
+    );
+    // A report after the traffic, when the kernel's columns were read with nothing in flight.
+    let deadline = Instant::now() + Duration::from_mins(1) * common::slowdown();
+    let row = loop {
+        let report = next_report(watch);
+        let row = report["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["ifname"] == name)
+            .cloned();
+        if let Some(row) = row
+            && row["consumed"] == read
+            && row["kernel"]["skew"] == 0
+        {
+            assert_eq!(report["counts_may_be_short"], false, "{report}");
+            break row;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no report showed all {read} takes of {name}: {report}"
+        );
+    };
+    eprintln!("{name}: {row}");
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{v} in {row}"));
+    assert_eq!(row["from_birth"], true, "{row}");
+    assert_eq!(n(&row["kernel"]["tx_packets_at_start"]), 0, "{row}");
+    assert_eq!(n(&row["kernel"]["tx_dropped_at_start"]), 0, "{row}");
+    assert_eq!(n(&row["kernel"]["tx_packets"]), tx_packets, "{row}");
+    assert_eq!(n(&row["kernel"]["tx_dropped"]), tx_dropped, "{row}");
+    assert_eq!(
+        n(&row["consumed"]),
+        read,
+        "every take, from the first: {row}"
+    );
+    assert_eq!(
+        n(&row["dropped_full_ring"]) + n(&row["dropped_other"]),
+        tx_dropped,
+        "every drop, from the first: {row}"
+    );
+    assert_eq!(n(&row["dropped_other"]), 0, "{row}");
+    assert_eq!(
+        n(&row["xmit_calls"]),
+        tx_packets + tx_dropped,
+        "every driver call, from the first: {row}"
+    );
+    assert_eq!(n(&row["enqueued"]), tx_packets, "{row}");
+}
+
+/// A tap created in a namespace being watched, flooded the moment it exists.
+#[test]
+fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("born").unwrap();
+    let watch = Running::watch(
+        &["--netns", ns.name()],
+        &["--wait", "--format", "json", "--interval", "0.5"],
+        Lines::Stdout,
+    );
+    let first = next_report(&watch);
+    assert_eq!(first["rows"], serde_json::json!([]), "{first}");
+    flood_a_new_tap(&watch, &ns, "tpb0");
+    let (clean, _) = watch.terminate();
+    assert!(clean, "watch exits cleanly on SIGTERM");
+}
+
+/// A tap created in a namespace that did not exist when the watch began (a VM's own
+/// namespace), flooded the moment it exists.
+#[test]
+fn a_tap_in_a_new_namespace_is_counted_from_its_first_packet() {
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let tag = format!("tp-bornns-{}", std::process::id());
+    let watch = Running::watch(
+        &["--netns", &format!("{tag}-*")],
+        &["--wait", "--format", "json", "--interval", "0.5"],
+        Lines::Stdout,
+    );
+    let first = next_report(&watch);
+    assert_eq!(first["rows"], serde_json::json!([]), "{first}");
+    let ns = NamedNetns::create(&format!("{tag}-0")).unwrap();
+    run_in(ns.path(), || {
+        for knob in ["all", "default"] {
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1")?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    flood_a_new_tap(&watch, &ns, "tpb1");
+    let (clean, _) = watch.terminate();
+    assert!(clean, "watch exits cleanly on SIGTERM");
+}
+
+/// Reads `n` frames from the tap's only queue, waiting for them at most `limit`.
+fn read_frames(tap: &Tap, n: u64, limit: Duration) -> u64 {
+    tap.set_nonblocking(true).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let end = Instant::now() + limit;
+    let mut read = 0;
+    while read < n && Instant::now() < end {
+        match nix::unistd::read(tap.queue_fd(0), &mut buf) {
+            Ok(_) => read += 1,
+            Err(nix::errno::Errno::EAGAIN) => std::thread::sleep(Duration::from_millis(1)),
+            Err(err) => panic!("reading frame {read} of {n}: {err}"),
+        }
+    }
+    read
+}
+
+/// Tracking that begins while the queue is stopped (the ring full, the qdisc holding the
+/// rest, the reader away): the stop is counted at the first look, so that the identities
+/// hold on every row from then on (`queue_stops = queue_wakes + stopped`; wakes by source
+/// summing to `queue_wakes`), and the row says it began mid-life.
+#[test]
+fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
+    const RING: u64 = 1000;
+    const HELD: u64 = 300;
+    if !tap_probe::lab::root() {
+        return;
+    }
+    let kernel = common::kernel();
+    let ns = common::quiet_netns("stopped").unwrap();
+    let opts = TapOptions {
+        backpressure: common::has_backpressure_flag(&kernel),
+        ..TapOptions::default()
+    };
+    let qdisc = RootQdisc::Pfifo {
+        limit: Some(u32::try_from(2 * RING).unwrap()),
+    };
+    let tap = common::tap_with(&ns, "tps0", qdisc, opts).unwrap();
+    if !common::stops_instead_of_dropping(&kernel, &tap, qdisc) {
+        eprintln!(
+            "skipping test - this kernel's tun tail-drops a full ring (tun backpressure {:?}): \
+             its queue never stops",
+            kernel.tun_backpressure
+        );
+        return;
+    }
+    // Nobody reads: the ring fills, the queue stops, the qdisc holds the rest.
+    let sent = run_in(ns.path(), || {
+        tap_probe::lab::send(&SenderConfig {
+            batch: 1,
+            ..SenderConfig::new(tap.ifindex(), RING + HELD, Duration::from_secs(30))
+        })
+    })
+    .unwrap();
+    assert_eq!(sent.sent, RING + HELD, "{sent:?}");
+    let (_, _, qlen) = tc_stats(&ns, "tps0");
+    assert_eq!(qlen, HELD, "the stopped queue leaves the rest in the qdisc");
+    let (tx_packets, tx_dropped) = ip_stats(&ns, "tps0");
+    assert_eq!((tx_packets, tx_dropped), (0, 0));
+
+    // Tracking begins now, with the queue stopped.
+    let filter = Filter {
+        globs: vec!["tps0".to_owned()],
+        netns: Some(ns.name().to_owned()),
+        macvtap: false,
+    };
+    let mut watchers = common::watchers(&filter);
+    for (_, w) in &mut watchers {
+        let row = w.refresh().unwrap().rows.remove(0);
+        assert!(!row.from_birth, "{row:?}");
+        assert_eq!(row.counters.xmit_calls, 0, "{row:?}");
+    }
+    // The reader comes back and takes everything: the queue wakes, the qdisc drains.
+    let read = read_frames(
+        &tap,
+        RING + HELD,
+        Duration::from_secs(30) * common::slowdown(),
+    );
+    assert_eq!(read, RING + HELD);
+    let (tx_packets, tx_dropped) = ip_stats(&ns, "tps0");
+    assert_eq!((tx_packets, tx_dropped), (RING + HELD, 0));
+    for (backend, w) in &mut watchers {
+        let row = w.refresh().unwrap().rows.remove(0);
+        let c = &row.counters;
+        eprintln!("{backend:?}: {row:?}");
+        assert!(!row.from_birth, "{backend:?}");
+        assert_eq!(row.kernel_at_start.tx_packets, 0, "{backend:?}");
+        assert!(!row.stopped, "{backend:?}: the queue runs again");
+        assert_eq!(
+            c.queue_stops,
+            c.queue_wakes + u64::from(row.stopped),
+            "{backend:?}: every stop seen is woken or still running"
+        );
+        if row.wake_sources {
+            assert_eq!(
+                c.wakes_reader + c.wakes_vhost + c.wakes_forced + c.wakes_other,
+                c.queue_wakes,
+                "{backend:?}: each wake seen has one waker"
+            );
+            assert!(
+                c.queue_wakes >= 1,
+                "{backend:?}: the stop from before tracking is seen at its wake"
+            );
+        }
+        if common::exact(*backend, w) {
+            assert_eq!(c.consumed, RING + HELD, "{backend:?}: every take since");
+            assert_eq!(c.consumed, row.kernel.tx_packets, "{backend:?}");
+            // The queue held HELD packets when tracking began: they reach the driver now.
+            assert_eq!(c.enqueued, HELD, "{backend:?}");
+        }
+    }
+    drop(watchers);
+    drop(tap);
+    drop(ns);
+}
