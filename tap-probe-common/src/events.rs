@@ -6,6 +6,9 @@
 pub const EVENTS_RING_BYTES: u32 = 16 << 20;
 /// The smallest ring a CPU gets: about 30 ms of one CPU's events at full rate.
 pub const EVENTS_RING_MIN_BYTES: u32 = 1 << 20;
+/// Events of one CPU per wakeup of the recorder (a 1 MiB ring holds 43,690): it sleeps
+/// between batches instead of polling.
+pub const EVENTS_PER_WAKEUP: u64 = 4096;
 /// The size of the ring the object declares as the template of `EVENTS`' rings: the
 /// loader creates it and frees it, and the kernel does not compare the sizes of the rings
 /// put into the array with it. 64 KiB is a multiple of every page size.
@@ -56,19 +59,20 @@ impl EventKind {
     }
 }
 
-/// One event, as the eBPF side writes it (32 bytes).
+// An event names its counter slot in 16 bits.
+const _: () = assert!(crate::MAX_QUEUE_SLOTS <= 1 << 16);
+
+/// One event, as the eBPF side writes it (16 bytes, 24 in the ring with its header). The CPU
+/// is the ring's; the device and queue are the counter slot's, which the recorder knows.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct TraceEvent {
     /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`).
     pub ts_ns: u64,
-    pub netns: u32,
-    pub ifindex: u32,
-    pub queue: u16,
-    pub cpu: u16,
+    /// The counter slot of the device's queue (below `MAX_QUEUE_SLOTS`).
+    pub slot: u16,
     /// An [`EventKind`].
-    pub kind: u32,
+    pub kind: u16,
     /// `enum skb_drop_reason` for `DroppedOther`, 0 otherwise.
     pub reason: u32,
-    pub reserved: u32,
 }

@@ -14,7 +14,8 @@ mod names;
 
 pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Requires, Source, Unit};
 pub use events::{
-    EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES, EventKind, TraceEvent,
+    EVENTS_PER_WAKEUP, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES,
+    EventKind, TraceEvent,
 };
 pub use facts::{Driver, KernelFacts, PacketFacts, RingFacts, TextRange, WakeClass, WakeRange};
 pub use maps::*;

@@ -78,6 +78,7 @@ fn reader_sleeps_since_last_take(slot: u32) -> u64 {
 /// `consume_skb(skb, location)`: the tracepoint source of reader takes (Linux >= 6.3, where
 /// the tracepoint carries its caller's address).
 #[btf_tracepoint(function = "consume_skb")]
+#[inline(always)]
 pub(crate) fn consume_skb(ctx: BtfTracePointContext) -> i32 {
     freed_after_use::<Typed>(ctx.arg(0), ctx.arg(1));
     0
@@ -86,6 +87,7 @@ pub(crate) fn consume_skb(ctx: BtfTracePointContext) -> i32 {
 /// The kprobe source of reader takes, on any kernel: at the entry of `consume_skb(skb)`
 /// the return address, i.e. the caller's location, is the word at the stack pointer.
 #[kprobe]
+#[inline(always)]
 pub(crate) fn consume_entry(ctx: ProbeContext) -> u32 {
     let Some(skb) = ctx.arg::<u64>(0) else {
         return 0;

@@ -3,13 +3,13 @@
 //! never dropped silently.
 
 use aya_ebpf::{
-    bindings::BPF_RB_NO_WAKEUP,
+    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     btf_maps::{ArrayOfMaps, RingBuf},
     helpers::bpf_get_smp_processor_id,
     macros::{btf_map, map},
     maps::PerCpuArray,
 };
-use tap_probe_common::{EVENTS_RING_TEMPLATE_BYTES, EventKind, TraceEvent};
+use tap_probe_common::{EVENTS_PER_WAKEUP, EVENTS_RING_TEMPLATE_BYTES, EventKind, TraceEvent};
 
 use crate::clock::Clock;
 use crate::device::At;
@@ -30,6 +30,10 @@ static EVENTS: ArrayOfMaps<RingBuf<TraceEvent, { EVENTS_RING_TEMPLATE_BYTES }>, 
 #[map]
 static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Events written, per CPU: every `EVENTS_PER_WAKEUP`th wakes the recorder.
+#[map]
+static EVENTS_WRITTEN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 /// Emits a per-packet event when recording.
 #[inline(always)]
 pub(crate) fn record(at: At, kind: EventKind, reason: u32) {
@@ -43,24 +47,39 @@ pub(crate) fn record_at(at: At, kind: EventKind, reason: u32, clock: &mut Clock)
         return;
     }
     let cpu = unsafe { bpf_get_smp_processor_id() };
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "slots are below MAX_QUEUE_SLOTS, kinds below 256"
+    )]
     let event = TraceEvent {
         ts_ns: clock.now(),
-        netns: at.key.netns,
-        ifindex: at.key.ifindex,
-        queue: at.queue,
-        // CPU ids fit 16 bits (NR_CPUS is at most 8192).
-        #[expect(clippy::cast_possible_truncation, reason = "see above")]
-        cpu: cpu as u16,
-        kind: kind as u32,
+        slot: at.slot as u16,
+        kind: kind as u16,
         reason,
-        reserved: 0,
     };
-    // No wakeup: the recorder polls the ring (`cmd/record.rs`), and a wakeup each time the
-    // ring was empty costs an interrupt on the sending CPU (`bpf_ringbuf_output`,
-    // `kernel/bpf/ringbuf.c`).
+    // Wakeups in batches: one every EVENTS_PER_WAKEUP events of this CPU. A wakeup each
+    // time the ring was empty (the default) costs an interrupt on the sending CPU
+    // (`bpf_ringbuf_output`, `kernel/bpf/ringbuf.c`) for every event of a recorder that
+    // keeps up; the recorder waits on the rings between passes, and at most `RING_WAIT`
+    // (`cmd/record.rs`) for a batch that does not fill.
+    let flags = match EVENTS_WRITTEN.get_ptr_mut(0) {
+        Some(n) => {
+            // SAFETY: per-CPU.
+            let n = unsafe {
+                *n += 1;
+                *n
+            };
+            if n % EVENTS_PER_WAKEUP == 0 {
+                BPF_RB_FORCE_WAKEUP
+            } else {
+                BPF_RB_NO_WAKEUP
+            }
+        }
+        None => BPF_RB_NO_WAKEUP,
+    };
     let written = EVENTS
         .get(cpu)
-        .is_some_and(|ring| ring.output(event, u64::from(BPF_RB_NO_WAKEUP)).is_ok());
+        .is_some_and(|ring| ring.output(event, u64::from(flags)).is_ok());
     if !written && let Some(lost) = EVENTS_LOST.get_ptr_mut(0) {
         // SAFETY: per-CPU.
         unsafe { *lost += 1 };

@@ -83,6 +83,7 @@ pub(crate) fn state_of(slot: u32) -> Option<*mut u64> {
 /// here first, since `netif_tx_wake_queue` reschedules the qdisc. Where kprobes are missing,
 /// a dequeue of a counted device is also followed to the driver (`requeue.rs`).
 #[btf_tracepoint(function = "qdisc_dequeue")]
+#[inline(always)]
 pub(crate) fn qdisc_dequeue(ctx: BtfTracePointContext) -> i32 {
     let txq: u64 = ctx.arg(1);
     let Some(dev) = Typed::read::<u64>(txq, fact!(txq_dev)) else {

@@ -119,6 +119,7 @@ fn chained(skb: u64) -> u32 {
 
 /// `sch_direct_xmit(skb, q, dev, txq, root_lock, validate)` begins: push a frame.
 #[kprobe]
+#[inline(always)]
 pub(crate) fn direct_xmit_entry(ctx: ProbeContext) -> u32 {
     let Some(d) = DIRECT_XMIT.get_ptr_mut(0) else {
         return 0;
@@ -152,6 +153,7 @@ pub(crate) fn direct_xmit_entry(ctx: ProbeContext) -> u32 {
 /// back into the qdisc. Entry and return run on one CPU; a return probe that missed its
 /// return leaves a stale frame below, which the next entry at that depth overwrites.
 #[kretprobe]
+#[inline(always)]
 pub(crate) fn direct_xmit_return(ctx: RetProbeContext) -> u32 {
     let Some(d) = DIRECT_XMIT.get_ptr_mut(0) else {
         return 0;

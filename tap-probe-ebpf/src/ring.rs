@@ -147,6 +147,7 @@ fn record(slot: u32, ring: Ring, ts_ns: u64) {
 /// whose slots begin at `base`. Attached nowhere: the loader runs it once per refresh
 /// (`BPF_PROG_TEST_RUN`), so a ring's level shows without any packet paying for it.
 #[raw_tracepoint(tracepoint = "sample_rings")]
+#[inline(always)]
 pub(crate) fn sample_rings(ctx: RawTracePointContext) -> i32 {
     #[expect(clippy::cast_possible_truncation, reason = "slot numbers fit 32 bits")]
     let base = ctx.arg::<u64>(0) as u32;

@@ -57,6 +57,7 @@ fn xmit_begin<M: Mem, C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
 
 /// `net_dev_start_xmit(skb, dev)`: the tracepoint source of a driver call's start.
 #[btf_tracepoint(function = "net_dev_start_xmit")]
+#[inline(always)]
 pub(crate) fn net_dev_start_xmit(ctx: BtfTracePointContext) -> i32 {
     // The end, `net_dev_xmit`, names its skb: a call it does not match is not counted.
     xmit_begin::<Typed, _>(&ctx, ctx.arg(0), ctx.arg(1));
@@ -66,6 +67,7 @@ pub(crate) fn net_dev_start_xmit(ctx: BtfTracePointContext) -> i32 {
 /// The kprobe source of a driver call's start: `tun_net_xmit(skb, dev)`, `veth_xmit(skb,
 /// dev)` (every `ndo_start_xmit` has that signature).
 #[kprobe]
+#[inline(always)]
 pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
     if let (Some(skb), Some(dev)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1))
         && !xmit_begin::<Probed, _>(&ctx, skb, dev)
@@ -83,6 +85,7 @@ pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
 /// `kfree_skb(skb, location, reason, ...)`: a drop; it is the driver's when it frees the skb
 /// of the call in flight on this CPU (`tun_net_xmit`'s `drop:` label, `drivers/net/tun.c`).
 #[btf_tracepoint(function = "kfree_skb")]
+#[inline(always)]
 pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     let skb: u64 = ctx.arg(0);
     let Some(f) = IN_FLIGHT.get_ptr_mut(0) else {
@@ -186,6 +189,7 @@ fn xmit_end<M: Mem, C: EbpfContext>(ctx: &C, dev: Option<u64>, skb: Option<u64>,
 
 /// `net_dev_xmit(skb, rc, dev, skb_len)`: the tracepoint source of a driver call's end.
 #[btf_tracepoint(function = "net_dev_xmit")]
+#[inline(always)]
 pub(crate) fn net_dev_xmit(ctx: BtfTracePointContext) -> i32 {
     let rc: i32 = ctx.arg(1);
     #[expect(
@@ -202,6 +206,7 @@ pub(crate) fn net_dev_xmit(ctx: BtfTracePointContext) -> i32 {
 /// transmit nests into another's, so the call in flight is this one: every entry, of a
 /// counted device or not, replaces it (`xmit_entry`).
 #[kretprobe]
+#[inline(always)]
 pub(crate) fn xmit_return(ctx: RetProbeContext) -> u32 {
     xmit_end::<Probed, _>(&ctx, None, None, ctx.ret::<u64>());
     0

@@ -33,6 +33,7 @@ const STACK_BYTES: u32 = (WAKE_STACK_DEPTH * 8) as u32;
 
 /// `netif_tx_wake_queue(dev_queue)`.
 #[kprobe]
+#[inline(always)]
 pub(crate) fn wake_entry(ctx: ProbeContext) -> u32 {
     let Some(txq) = ctx.arg::<u64>(0) else {
         return 0;

@@ -201,6 +201,8 @@ pub(crate) struct Probe {
     /// The per-CPU event rings while recording, until [`Probe::take_events`] (empty
     /// otherwise).
     events: Vec<RingBuf<MapData>>,
+    /// The CPU of each ring in `events`.
+    event_cpus: Vec<u32>,
     /// The programs' debug messages, when the log level shows them.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     sources: Sources,
@@ -305,10 +307,10 @@ impl Probe {
         let mut ebpf = Object::Probe.load(&mut loader)?;
         // The rings go in before any program runs, so that no event finds its CPU's slot
         // empty.
-        let events = if counting.events {
+        let (event_cpus, events) = if counting.events {
             event_rings(&mut ebpf)?
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         let logger = if log_debug {
             aya_log::EbpfLogger::init(&mut ebpf)
@@ -347,6 +349,7 @@ impl Probe {
         let mut probe = Self {
             ebpf,
             events,
+            event_cpus,
             logger,
             sources,
             cpus,
@@ -833,16 +836,27 @@ impl Probe {
         Ok(out)
     }
 
-    /// The per-CPU ring buffers of per-packet events, by CPU id (once; they move out of the
-    /// probe).
+    /// The per-CPU ring buffers of per-packet events, with the CPU of each (once; they move
+    /// out of the probe).
     ///
     /// # Errors
     /// When they were taken already, or the probe does not record.
-    pub(crate) fn take_events(&mut self) -> anyhow::Result<Vec<RingBuf<MapData>>> {
+    pub(crate) fn take_events(&mut self) -> anyhow::Result<(Vec<u32>, Vec<RingBuf<MapData>>)> {
         if self.events.is_empty() {
             bail!("the event rings were taken already, or this probe does not record");
         }
-        Ok(std::mem::take(&mut self.events))
+        Ok((
+            std::mem::take(&mut self.event_cpus),
+            std::mem::take(&mut self.events),
+        ))
+    }
+
+    /// The counter slots of a tracked device: from the first, one per queue counted.
+    #[must_use]
+    pub(crate) fn slots(&self, key: DeviceKey) -> Option<(u32, u32)> {
+        self.tracked
+            .get(&key)
+            .map(|held| (held.slot.base, held.slot.queues))
     }
 
     /// Events the programs could not write because their CPU's ring buffer was full.
@@ -884,7 +898,7 @@ impl Probe {
 /// rings share [`EVENTS_RING_BYTES`], each at least [`EVENTS_RING_MIN_BYTES`] (a power of
 /// two, as the kernel requires). A machine may name many more possible CPUs than it runs;
 /// a CPU that comes online later finds no ring, and its events are counted as lost.
-fn event_rings(ebpf: &mut Ebpf) -> anyhow::Result<Vec<RingBuf<MapData>>> {
+fn event_rings(ebpf: &mut Ebpf) -> anyhow::Result<(Vec<u32>, Vec<RingBuf<MapData>>)> {
     let online = aya::util::online_cpus().map_err(|(what, err)| anyhow!("{what}: {err}"))?;
     let share = EVENTS_RING_BYTES / u32::try_from(online.len().max(1))?;
     let bytes = share.max(EVENTS_RING_MIN_BYTES).next_power_of_two();
@@ -893,6 +907,7 @@ fn event_rings(ebpf: &mut Ebpf) -> anyhow::Result<Vec<RingBuf<MapData>>> {
         .ok_or_else(|| anyhow!("map {MAP_EVENTS} missing from the eBPF object"))?;
     let mut outer: ArrayOfMaps<&mut MapData> = ArrayOfMaps::try_from(outer)?;
     let mut rings = Vec::with_capacity(online.len());
+    let cpus = online.clone();
     for cpu in online {
         let def = aya_obj::Map::new_from_params(
             aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32,
@@ -908,5 +923,5 @@ fn event_rings(ebpf: &mut Ebpf) -> anyhow::Result<Vec<RingBuf<MapData>>> {
             .with_context(|| format!("installing the event ring of CPU {cpu}"))?;
         rings.push(RingBuf::try_from(Map::RingBuf(ring))?);
     }
-    Ok(rings)
+    Ok((cpus, rings))
 }

@@ -23,10 +23,11 @@ use crate::os::signals::Stop;
 use crate::output::progress::{Progress, Status, bytes};
 use tap_probe_trace::{DeviceInfo, Header, Trailer};
 
-/// How long the loop sleeps once a pass has emptied the ring buffers. Going straight on
-/// would take the few events that arrived meanwhile, pass after pass, and spend a CPU
-/// the traffic needs; at 1.5 M events/s two milliseconds fill 0.6 % of a 1 MiB ring.
-const POLL_SLEEP: Duration = Duration::from_millis(2);
+/// How long the loop waits at most once a pass has emptied the ring buffers. It wakes
+/// sooner when a program asks (once per `EVENTS_PER_WAKEUP` events of its CPU): going
+/// straight on would take the few events that arrived meanwhile, pass after pass, and spend
+/// a CPU the traffic needs. The wait bounds how late a trickle of events is written.
+const RING_WAIT: Duration = Duration::from_millis(50);
 /// How often `--wait` looks for matching devices.
 const WAIT_POLL: Duration = Duration::from_millis(50);
 /// How often the lost-event counter is read.
@@ -132,9 +133,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     // The trace writer buffers 64 KiB itself and must see each write's outcome (a full disk
     // is cut back to a whole record), so the file gets no buffer of its own.
-    let mut rings = probe.take_events()?;
-    let mut recorder = Recorder::new(TraceFile::new(file), &header, rings.len())
-        .with_context(|| format!("writing {}", args.output.display()))?;
+    let (cpus, mut rings) = probe.take_events()?;
+    let mut recorder = Recorder::new(TraceFile::new(file), &header, &cpus, |key| {
+        probe.slots(key).map(|(base, _)| base)
+    })
+    .with_context(|| format!("writing {}", args.output.display()))?;
 
     for (d, _) in &tracked {
         progress.note(&format!(
@@ -176,8 +179,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             if deadline.is_some_and(|d| Instant::now() >= d) || stop.stopped() {
                 return Ok(());
             }
-            if dry && stop.sleep(POLL_SLEEP) {
-                return Ok(());
+            if dry {
+                let fds: Vec<_> = rings.iter().map(std::os::fd::AsFd::as_fd).collect();
+                if stop.wait_readable(&fds, RING_WAIT) {
+                    return Ok(());
+                }
             }
         }
     })();

@@ -17,7 +17,8 @@ use crate::output::{self, View, tui};
 pub(crate) struct Args {
     #[command(flatten)]
     pub(crate) devices: crate::cli::DeviceArgs,
-    /// Seconds between refreshes (at least 0.01).
+    /// Seconds between refreshes (at least 0.01). A refresh scans every namespace and reads
+    /// the counters: its cost is the watcher's own CPU, never the packets'.
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::interval)]
     pub(crate) interval: Duration,
     /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
@@ -31,7 +32,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) wait: bool,
     /// Which kernel hooks feed the counters; `auto` picks the best that works, counter by
-    /// counter (`tap-probe doctor` shows what this kernel allows).
+    /// counter (`tap-probe doctor` shows what this kernel allows). The tracepoints cost
+    /// least: a kprobe costs several times a tracepoint program per packet.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub(crate) backend: Backend,
     /// Also report what each eBPF program costs, as the kernel measures it (runs and mean

@@ -8,6 +8,13 @@
 //!   the kernel's and not the probes') nor later (the other way round);
 //! - each refresh: packets keep flowing while the two are read one after the other.
 //!
+//! The kernel counts a packet a few instructions before the event the probes count it at
+//! (tun counts `tx_packets` in `tun_put_user`, then frees the packet, `consume_skb`; its
+//! drop path counts `tx_dropped`, then `kfree_skb`): a packet caught between the two when
+//! the statistics are read is already the kernel's and not yet the probes'. So the probes'
+//! counters are read a moment after the statistics ([`Host::settle`]), by when such a packet
+//! has reached them, and it shows as counted in between.
+//!
 //! The baseline is read right after tracking began, and it is exact when the probes counted
 //! nothing of the device before it was read (their counters are read after it, and are still
 //! zero); otherwise the counters are zeroed and the baseline read again, a few times. Under
@@ -43,6 +50,7 @@ pub(crate) fn take(host: &mut impl Host, key: DeviceKey) -> Result<(Baseline, Ve
     let mut attempt = 0;
     loop {
         let stats = host.kernel_stats(key)?;
+        host.settle();
         let after = host.queue_counters(key)?;
         let counted = packets(&after);
         attempt += 1;

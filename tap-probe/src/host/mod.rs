@@ -75,6 +75,9 @@ pub(crate) trait Host {
     /// # Errors
     /// When the device is not tracked or the maps refuse it.
     fn reset(&mut self, key: DeviceKey) -> Result<()>;
+    /// Waits until a packet the kernel counted in the statistics just read has reached the
+    /// probes' counters too (see `baseline`).
+    fn settle(&self);
     /// One device's statistics, as the kernel has them now.
     ///
     /// # Errors
@@ -92,6 +95,11 @@ pub(crate) trait Host {
     /// The modules tap-probe located at attach that changed since.
     fn module_changes(&self) -> Vec<ModuleChange>;
 }
+
+/// How long a packet the kernel counted takes at most to reach the probes: the two counts
+/// are a few instructions apart on one CPU (a copy to the reader's buffer between them, at
+/// the read), microseconds even in an emulated guest.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The running host, watched by an attached probe.
 pub(crate) struct LiveHost {
@@ -151,6 +159,10 @@ impl Host for LiveHost {
 
     fn kernel_stats(&mut self, key: DeviceKey) -> Result<LinkStats> {
         self.discovery.link_stats(key)
+    }
+
+    fn settle(&self) {
+        std::thread::sleep(SETTLE);
     }
 
     fn refresh_started(&mut self) {

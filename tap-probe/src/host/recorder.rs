@@ -2,7 +2,7 @@
 //! come nearly in order, and the CPUs' streams are merged up to the time every ring has
 //! been read to, so memory stays bounded however long the recording runs.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Seek as _, Write};
 
 use anyhow::Context as _;
@@ -127,7 +127,8 @@ pub(crate) const REORDER_MAX: usize = 1 << 20;
 /// Merges the CPUs' events in time order and writes them.
 pub(crate) struct Recorder<W: Write> {
     writer: TraceWriter<W>,
-    devices: HashMap<DeviceKey, u16>,
+    /// By counter slot: the device (its index in the header) and the queue it counts.
+    slots: Vec<Option<(u16, u16)>>,
     /// One per ring, by the ring's index.
     lanes: Vec<Lane>,
     /// Events held over all lanes.
@@ -152,6 +153,8 @@ struct Pending {
 /// One ring's events not yet written.
 #[derive(Default)]
 struct Lane {
+    /// The CPU whose events the ring holds.
+    cpu: u16,
     /// In time order (events of one time in the order they came).
     held: VecDeque<Pending>,
     /// The ring holds nothing older than this that has not been read: the newest event
@@ -170,29 +173,49 @@ struct EventBits {
 }
 
 impl<W: Write> Recorder<W> {
-    /// Writes the header; events will come from `rings` rings.
+    /// Writes the header; events will come from one ring per CPU of `cpus`, in that order,
+    /// and name their device's queue by its counter slot: `slots(key)` gives the first slot
+    /// of the header's device `key` (its queues follow).
     ///
     /// # Errors
     /// When the header cannot be written.
-    pub(crate) fn new(out: W, header: &Header, rings: usize) -> anyhow::Result<Self> {
-        let devices = header
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                (
-                    DeviceKey {
-                        netns: d.netns,
-                        ifindex: d.ifindex,
-                    },
-                    u16::try_from(i).unwrap_or(u16::MAX),
-                )
-            })
-            .collect();
+    pub(crate) fn new(
+        out: W,
+        header: &Header,
+        cpus: &[u32],
+        slots: impl Fn(DeviceKey) -> Option<u32>,
+    ) -> anyhow::Result<Self> {
+        let mut by_slot = Vec::new();
+        for (i, d) in header.devices.iter().enumerate() {
+            let key = DeviceKey {
+                netns: d.netns,
+                ifindex: d.ifindex,
+            };
+            let (Some(base), Ok(device)) = (slots(key), u16::try_from(i)) else {
+                continue;
+            };
+            for queue in 0..d.queues {
+                let (Ok(slot), Ok(queue)) = (usize::try_from(base + queue), u16::try_from(queue))
+                else {
+                    continue;
+                };
+                if by_slot.len() <= slot {
+                    by_slot.resize(slot + 1, None);
+                }
+                by_slot[slot] = Some((device, queue));
+            }
+        }
+        let lanes = if cpus.is_empty() { &[0][..] } else { cpus };
         Ok(Self {
             writer: TraceWriter::new(out, header).context("writing the trace header")?,
-            devices,
-            lanes: (0..rings.max(1)).map(|_| Lane::default()).collect(),
+            slots: by_slot,
+            lanes: lanes
+                .iter()
+                .map(|&cpu| Lane {
+                    cpu: u16::try_from(cpu).unwrap_or(u16::MAX),
+                    ..Lane::default()
+                })
+                .collect(),
             held: 0,
             batch: Vec::new(),
             foreign: 0,
@@ -222,15 +245,11 @@ impl<W: Write> Recorder<W> {
     /// # Errors
     /// When writing fails.
     pub(crate) fn push(&mut self, ring: usize, ev: &TraceEvent) -> anyhow::Result<()> {
-        let key = DeviceKey {
-            netns: ev.netns,
-            ifindex: ev.ifindex,
-        };
-        let Some(&device) = self.devices.get(&key) else {
+        let Some(&Some((device, queue))) = self.slots.get(usize::from(ev.slot)) else {
             self.foreign += 1;
             return Ok(());
         };
-        if EventKind::from_u32(ev.kind).is_none() {
+        if EventKind::from_u32(u32::from(ev.kind)).is_none() {
             self.malformed += 1;
             return Ok(());
         }
@@ -243,9 +262,9 @@ impl<W: Write> Recorder<W> {
             ts: ev.ts_ns,
             ev: EventBits {
                 device,
-                queue: ev.queue,
-                cpu: ev.cpu,
-                kind: ev.kind,
+                queue,
+                cpu: lane.cpu,
+                kind: u32::from(ev.kind),
                 reason: ev.reason,
             },
         };
@@ -429,16 +448,26 @@ mod tests {
         }
     }
 
+    /// The header's device counts in slot 7.
+    const SLOT: u16 = 7;
+
+    fn recorder(cpus: &[u32]) -> Recorder<Vec<u8>> {
+        Recorder::new(Vec::new(), &header(), cpus, |key| {
+            (key == DeviceKey {
+                netns: 9,
+                ifindex: 4,
+            })
+            .then_some(u32::from(SLOT))
+        })
+        .unwrap()
+    }
+
     fn ev(ts_ns: u64, kind: EventKind) -> TraceEvent {
         TraceEvent {
             ts_ns,
-            netns: 9,
-            ifindex: 4,
-            queue: 0,
-            cpu: 1,
-            kind: kind as u32,
+            slot: SLOT,
+            kind: kind as u16,
             reason: 0,
-            reserved: 0,
         }
     }
 
@@ -455,7 +484,7 @@ mod tests {
 
     #[test]
     fn events_are_sorted_within_the_window() {
-        let mut r = Recorder::new(Vec::new(), &header(), 1).unwrap();
+        let mut r = recorder(&[1]);
         // CPU skew: 5 arrives after 7; a foreign device is ignored.
         for ts in [1_000, 7_000, 5_000, 3 * REORDER_WINDOW_NS] {
             r.push(0, &ev(ts, EventKind::Enqueued)).unwrap();
@@ -463,7 +492,7 @@ mod tests {
         r.push(
             0,
             &TraceEvent {
-                ifindex: 99,
+                slot: SLOT + 1,
                 ..ev(1, EventKind::Consumed)
             },
         )
@@ -481,7 +510,7 @@ mod tests {
 
     #[test]
     fn events_of_one_time_keep_the_order_they_came_in() {
-        let mut r = Recorder::new(Vec::new(), &header(), 1).unwrap();
+        let mut r = recorder(&[1]);
         let came = [
             (5_000, EventKind::Enqueued),
             (5_000, EventKind::Consumed),
@@ -509,7 +538,7 @@ mod tests {
     #[test]
     fn rings_are_merged_up_to_the_time_every_ring_was_read_to() {
         let w = REORDER_WINDOW_NS;
-        let mut r = Recorder::new(Vec::new(), &header(), 2).unwrap();
+        let mut r = recorder(&[0, 1]);
         for ts in [1_000, 4_000, 5 * w] {
             r.push(0, &ev(ts, EventKind::Enqueued)).unwrap();
         }
@@ -526,6 +555,15 @@ mod tests {
         assert_eq!(r.late, 0);
         let (bytes, t) = r.finish().unwrap();
         assert_eq!(t.events, 5);
+        // Each event carries the CPU of the ring it came from.
+        let cpus: Vec<u16> = TraceReader::new(&bytes[..])
+            .unwrap()
+            .filter_map(|r| match r.unwrap() {
+                Record::Event(e) => Some(e.cpu),
+                Record::Lost { .. } => None,
+            })
+            .collect();
+        assert_eq!(cpus, [0, 1, 1, 0, 0]);
         let written = events_in(&bytes);
         assert_eq!(
             written,

@@ -118,6 +118,35 @@ impl Stop {
     }
 }
 
+impl Stop {
+    /// Waits for `wait` at most, until one of `fds` is readable or a signal comes; true
+    /// when one came (or had come).
+    #[must_use]
+    pub(crate) fn wait_readable(
+        &self,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+        wait: Duration,
+    ) -> bool {
+        let Some(wake) = WAKE.get() else {
+            return self.sleep(wait);
+        };
+        if self.stopped() {
+            return true;
+        }
+        let mut polled: Vec<PollFd<'_>> = fds
+            .iter()
+            .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+            .collect();
+        polled.push(PollFd::new(wake.as_fd(), PollFlags::POLLIN));
+        match nix::poll::poll(&mut polled, crate::os::clock::poll_timeout(wait)) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            // poll on valid fds does not fail otherwise; sleep instead of spinning.
+            Err(_) => std::thread::sleep(wait),
+        }
+        self.stopped()
+    }
+}
+
 impl Drop for Stop {
     fn drop(&mut self) {
         for (signal, old) in &self.old {

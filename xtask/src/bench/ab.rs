@@ -459,6 +459,12 @@ mod tests {
         let on = results.variant(V::On).unwrap();
         assert_eq!((on.valid_runs, on.medians["pps"]), (2, 90.0));
         assert!((on.ratio.unwrap() - 0.9).abs() < 1e-12);
+        // A packet at 90 pps takes 11.11 ms, at 100 pps 10 ms: 1.11 ms more each.
+        assert!(
+            (on.ns_per_unit.unwrap() - 1_111_111.111).abs() < 1e-3,
+            "{on:?}"
+        );
+        assert_eq!(off.ns_per_unit, Some(0.0));
         assert_eq!(results.problems, ["round 2, on: counted 0"]);
         let goal = Goal::at_least("on/off >= 0.97", on.ratio, 0.97);
         assert_eq!(goal.met, Some(false));
