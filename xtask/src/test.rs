@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use tap_probe_guest::{AccelChoice, KernelSpec, Series};
 
 use crate::expected::{self, Expected};
@@ -27,60 +27,62 @@ pub(crate) struct Args {
     no_vm: bool,
 }
 
-/// What the stages made and found, for the stages after them and the summary.
+/// What the host's test stages found, for the summary.
 #[derive(Default)]
-struct Run {
-    suite: Option<Suite>,
+struct Host {
     /// What the tests said on this host.
-    host: Output,
+    said: Output,
     /// Per host test binary: its label, its `test result:` line and how long it ran.
-    host_results: Vec<String>,
-    guests: Vec<GuestRun>,
-}
-
-impl Run {
-    fn suite(&self) -> &Suite {
-        self.suite
-            .as_ref()
-            .expect("the build stage runs before the stages that run tests")
-    }
+    results: Vec<String>,
 }
 
 /// One stage of the pipeline.
-struct Stage {
+struct Stage<T> {
     name: &'static str,
     /// The flag that skips it, if one does.
     skipped_by: Option<fn(&Args) -> Option<&'static str>>,
-    run: fn(&mut Run) -> anyhow::Result<()>,
+    run: fn(&Suite, &mut T) -> anyhow::Result<()>,
 }
 
-const STAGES: &[Stage] = &[
-    Stage {
-        name: "setup",
-        skipped_by: None,
-        run: |_| setup::run(&setup::Args {}),
-    },
-    Stage {
-        name: "fmt",
-        skipped_by: None,
-        run: |_| cmd::run(cmd::cargo().args(["fmt", "--all", "--", "--check"])),
-    },
-    Stage {
-        // The build every later stage runs: each test binary once, for the host stages and
-        // the guests alike.
-        name: "build",
-        skipped_by: None,
-        run: |run| {
-            run.suite = Some(suite::build()?);
-            Ok(())
-        },
-    },
+/// How long each stage took, or why it did not run.
+type Times = Vec<(&'static str, String)>;
+
+/// Runs `stages` in order until one fails.
+fn run_stages<T>(
+    stages: &[Stage<T>],
+    args: &Args,
+    suite: &Suite,
+    state: &mut T,
+    times: &mut Times,
+) -> anyhow::Result<()> {
+    for stage in stages {
+        if let Some(flag) = stage.skipped_by.and_then(|by| by(args)) {
+            times.push((stage.name, format!("skipped ({flag})")));
+            continue;
+        }
+        eprintln!("==> xtask test: {}", stage.name);
+        let step = Instant::now();
+        let ran = (stage.run)(suite, state);
+        times.push((stage.name, secs(step.elapsed())));
+        ran.map_err(|err| err.context(format!("stage `{}` failed", stage.name)))?;
+    }
+    Ok(())
+}
+
+/// Before anything else: the machine, the formatting.
+fn prepare() -> anyhow::Result<()> {
+    setup::run(&setup::Args {})?;
+    cmd::run(cmd::cargo().args(["fmt", "--all", "--", "--check"]))
+}
+
+/// The host's stages, run beside the guests once the build is there.
+const HOST_STAGES: &[Stage<Host>] = &[
     Stage {
         // Same profile and features as the build: the build scripts (the eBPF objects
         // among them) and proc macros it made serve clippy too.
         name: "clippy",
         skipped_by: None,
-        run: |_| {
+        run: |_, _| {
             cmd::run(
                 cmd::cargo()
                     .arg("clippy")
@@ -95,7 +97,7 @@ const STAGES: &[Stage] = &[
         // nightly's build-std.
         name: "clippy-ebpf",
         skipped_by: None,
-        run: |_| {
+        run: |_, _| {
             cmd::run(cmd::cargo().args([
                 "+nightly",
                 "clippy",
@@ -120,51 +122,61 @@ const STAGES: &[Stage] = &[
     Stage {
         name: "fuzz-smoke",
         skipped_by: None,
-        run: |_| fuzz_smoke(),
+        run: |_, _| fuzz_smoke(),
     },
     Stage {
         name: "privileged-tests",
         skipped_by: Some(|args| args.no_privileged.then_some("--no-privileged")),
         run: privileged_tests,
     },
-    Stage {
-        // A guest whose first boot is broken on purpose must come up under TCG: the path
-        // every machine where KVM half-works takes, checked on every machine.
-        name: "vm-fallback",
-        skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
-        run: |_| {
-            vm::check_fallback(&vm::Guest {
-                name: "fallback".to_owned(),
-                kernel: KernelSpec::Debian(Series::Debian6_1),
-                modules: Vec::new(),
-                modules_dir: None,
-            })
-        },
-    },
-    Stage {
-        // The kernel-dependent tests in guests whose kernels have kprobes and the tail-drop
-        // fix (this host's has neither): Debian 12's 6.1, 6.12 with the fix as posted
-        // (`cargo xtask seed-tun`) and 7.3 with the fix as merged, side by side. Needs no
-        // root on the host.
-        name: "vm",
-        skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
-        run: |run| {
-            let guests = vm::run_tests(
-                run.suite(),
-                &vm::matrix()?,
-                &vm::Options {
-                    accel: AccelChoice::Auto,
-                    timeout: Duration::from_mins(20),
-                    quiet: true,
-                    jobs: None,
-                    passthrough: Vec::new(),
-                },
-            )?;
-            run.guests = guests;
-            Ok(())
-        },
-    },
 ];
+
+/// The guests' stages: they need the build and no root.
+struct Guests<'a> {
+    slots: &'a vm::Slots,
+    runs: Vec<GuestRun>,
+}
+
+/// The guests' stages (a function: they borrow the run's slots).
+fn guest_stages<'a>() -> [Stage<Guests<'a>>; 2] {
+    [
+        Stage {
+            // A guest whose first boot is broken on purpose must come up under TCG: the path
+            // every machine where KVM half-works takes, checked on every machine.
+            name: "vm-fallback",
+            skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
+            run: |_, _| {
+                vm::check_fallback(&vm::Guest {
+                    name: "fallback".to_owned(),
+                    kernel: KernelSpec::Debian(Series::Debian6_1),
+                    modules: Vec::new(),
+                    modules_dir: None,
+                })
+            },
+        },
+        Stage {
+            // The kernel-dependent tests in guests whose kernels have kprobes and the tail-drop
+            // fix (this host's has neither): Debian 12's 6.1, 6.12 with the fix as posted
+            // (`cargo xtask seed-tun`) and 7.3 with the fix as merged.
+            name: "vm",
+            skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
+            run: |suite, guests| {
+                guests.runs = vm::run_tests(
+                    suite,
+                    &vm::matrix()?,
+                    &vm::Options {
+                        accel: AccelChoice::Auto,
+                        timeout: Duration::from_mins(20),
+                        quiet: true,
+                        slots: guests.slots,
+                        passthrough: Vec::new(),
+                    },
+                )?;
+                Ok(())
+            },
+        },
+    ]
+}
 
 /// Seconds the trace reader's fuzz target runs in the pipeline.
 const FUZZ_SMOKE_SECS: u32 = 20;
@@ -172,8 +184,7 @@ const FUZZ_SMOKE_SECS: u32 = 20;
 /// Every unit test and every test that needs no root, all tests of a binary in parallel;
 /// the lib's privileged ones wait for their stage. Then the doc tests, which only cargo
 /// builds.
-fn unit_tests(run: &mut Run) -> anyhow::Result<()> {
-    let suite = run.suite();
+fn unit_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
     let mut ran = Vec::new();
     for binary in &suite.binaries {
         match binary.kind {
@@ -189,20 +200,19 @@ fn unit_tests(run: &mut Run) -> anyhow::Result<()> {
             .args(suite::SCOPE)
             .arg("--doc"),
     )?;
-    record(run, ran);
+    record(host, ran);
     Ok(())
 }
 
 /// The privileged tests on this host, one at a time: they share the host's tracepoints
 /// and tracefs.
-fn privileged_tests(run: &mut Run) -> anyhow::Result<()> {
+fn privileged_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
     if !cmd::is_root() {
         bail!(
             "the privileged tests create network namespaces and load eBPF programs: run as \
              root, or pass --no-privileged to skip them"
         );
     }
-    let suite = run.suite();
     let mut ran = Vec::new();
     for binary in &suite.binaries {
         match binary.kind {
@@ -214,19 +224,19 @@ fn privileged_tests(run: &mut Run) -> anyhow::Result<()> {
             Kind::Unit | Kind::Plain => {}
         }
     }
-    record(run, ran);
+    record(host, ran);
     Ok(())
 }
 
-fn record(run: &mut Run, ran: Vec<suite::Ran>) {
+fn record(host: &mut Host, ran: Vec<suite::Ran>) {
     for binary in ran {
-        run.host_results.push(format!(
+        host.results.push(format!(
             "{}: {} ({:.1} s)",
             binary.label,
             binary.result,
             binary.took.as_secs_f64()
         ));
-        run.host.extend(binary.said);
+        host.said.extend(binary.said);
     }
 }
 
@@ -259,25 +269,59 @@ fn fuzz_smoke() -> anyhow::Result<()> {
 /// The first stage that fails, or a kernel that did otherwise than expected.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut state = Run::default();
-    let mut times: Vec<(&str, String)> = Vec::new();
-    for stage in STAGES {
-        if let Some(flag) = stage.skipped_by.and_then(|by| by(args)) {
-            times.push((stage.name, format!("skipped ({flag})")));
-            continue;
+    let mut times: Times = Vec::new();
+    let step = Instant::now();
+    eprintln!("==> xtask test: setup, fmt");
+    prepare()?;
+    times.push(("setup+fmt", secs(step.elapsed())));
+    eprintln!("==> xtask test: build");
+    let step = Instant::now();
+    let suite = suite::build().context("stage `build` failed")?;
+    times.push(("build", secs(step.elapsed())));
+
+    // The guests start as soon as the build is there, one at a time while the host's
+    // stages run (a guest's emulation takes one CPU whole, and the privileged tests time
+    // traffic on the host), then as many as there are CPUs.
+    let slots = vm::Slots::new(1);
+    let mut host = Host::default();
+    let mut guests = Guests {
+        slots: &slots,
+        runs: Vec::new(),
+    };
+    let mut host_times = Times::new();
+    let mut guest_times = Times::new();
+    let (host_ran, guests_ran) = std::thread::scope(|scope| {
+        let guest_lane = scope.spawn(|| {
+            let lane = Instant::now();
+            let ran = run_stages(&guest_stages(), args, &suite, &mut guests, &mut guest_times);
+            guest_times.push(("guests (in all)", secs(lane.elapsed())));
+            ran
+        });
+        let lane = Instant::now();
+        let host_ran = run_stages(HOST_STAGES, args, &suite, &mut host, &mut host_times);
+        host_times.push(("host (in all)", secs(lane.elapsed())));
+        if host_ran.is_err() {
+            slots.close();
+        } else {
+            slots.allow(vm::Slots::cpus());
         }
-        eprintln!("==> xtask test: {}", stage.name);
-        let step = Instant::now();
-        let ran = (stage.run)(&mut state);
-        times.push((stage.name, secs(step.elapsed())));
-        if let Err(err) = ran {
-            eprintln!("{}", summary(&state, &times, started.elapsed(), &[]));
-            eprintln!("xtask test: stage failed: {}", stage.name);
-            return Err(err.context(format!("stage `{}` failed", stage.name)));
-        }
+        let guests_ran = guest_lane.join().expect("the guests' lane panicked");
+        (host_ran, guests_ran)
+    });
+    times.extend(host_times);
+    times.extend(guest_times);
+    let report = Report {
+        host: &host,
+        guests: &guests.runs,
+        times: &times,
+        took: started.elapsed(),
+    };
+    if let Err(err) = host_ran.and(guests_ran) {
+        eprintln!("{}", report.summary(&[]));
+        return Err(err);
     }
-    let problems = check_expectations(args, &state)?;
-    println!("{}", summary(&state, &times, started.elapsed(), &problems));
+    let problems = check_expectations(args, &host, &guests.runs)?;
+    println!("{}", report.summary(&problems));
     if !problems.is_empty() {
         bail!(
             "{} thing(s) not as {} expects (see above)",
@@ -290,17 +334,21 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
 /// What each kernel did otherwise than expected: the host (where its privileged tests ran:
 /// its unit tests alone show nothing of the kernel) and every guest.
-fn check_expectations(args: &Args, run: &Run) -> anyhow::Result<Vec<String>> {
+fn check_expectations(
+    args: &Args,
+    host: &Host,
+    guests: &[GuestRun],
+) -> anyhow::Result<Vec<String>> {
     let expected = Expected::load()?;
     let mut problems = Vec::new();
     if !args.no_privileged {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
-        let host = expected.of(expected::HOST, release.trim())?;
-        for problem in host.problems(&run.host) {
+        let kernel = expected.of(expected::HOST, release.trim())?;
+        for problem in kernel.problems(&host.said) {
             problems.push(format!("host: {problem}"));
         }
     }
-    for guest in &run.guests {
+    for guest in guests {
         let kernel = expected.of(&guest.name, &guest.release)?;
         for problem in kernel.problems(&guest.said) {
             problems.push(format!("{}: {problem}", guest.name));
@@ -313,41 +361,56 @@ fn secs(took: Duration) -> String {
     format!("{:.0} s", took.as_secs_f64())
 }
 
-fn summary(run: &Run, times: &[(&str, String)], took: Duration, problems: &[String]) -> String {
-    let mut out = String::from("xtask test: host test binaries:");
-    for line in &run.host_results {
-        let _ = write!(out, "\n  {line}");
-    }
-    let _ = write!(out, "\nxtask test: on the host:");
-    for skip in &run.host.skips {
-        let _ = write!(out, "\n    skipped: {skip}");
-    }
-    for retry in &run.host.retries {
-        let _ = write!(out, "\n    retried: {retry}");
-    }
-    out.push_str(&expected::tally_lines(&run.host));
-    for guest in &run.guests {
-        let _ = write!(out, "\n{}", guest.report());
-    }
-    if !problems.is_empty() {
-        let _ = write!(out, "\nxtask test: not as {} expects:", expected::FILE);
-        for problem in problems {
-            let _ = write!(out, "\n  {problem}");
+/// What the summary at the end is made of.
+struct Report<'a> {
+    host: &'a Host,
+    guests: &'a [GuestRun],
+    times: &'a Times,
+    took: Duration,
+}
+
+impl Report<'_> {
+    fn summary(&self, problems: &[String]) -> String {
+        let mut out = String::from("xtask test: host test binaries:");
+        for line in &self.host.results {
+            let _ = write!(out, "\n  {line}");
         }
+        let _ = write!(out, "\nxtask test: on the host:");
+        for skip in &self.host.said.skips {
+            let _ = write!(out, "\n    skipped: {skip}");
+        }
+        for retry in &self.host.said.retries {
+            let _ = write!(out, "\n    retried: {retry}");
+        }
+        out.push_str(&expected::tally_lines(&self.host.said));
+        for guest in self.guests {
+            let _ = write!(out, "\n{}", guest.report());
+        }
+        if !problems.is_empty() {
+            let _ = write!(out, "\nxtask test: not as {} expects:", expected::FILE);
+            for problem in problems {
+                let _ = write!(out, "\n  {problem}");
+            }
+        }
+        let stages: Vec<String> = self
+            .times
+            .iter()
+            .map(|(name, time)| format!("{name} {time}"))
+            .collect();
+        let guests: Vec<String> = self
+            .guests
+            .iter()
+            .map(|g| format!("{} {}", g.name, secs(g.took)))
+            .collect();
+        let _ = write!(
+            out,
+            "\nxtask test: stage times (host and guest stages run side by side): {}",
+            stages.join(", ")
+        );
+        if !guests.is_empty() {
+            let _ = write!(out, "\nxtask test: guest times: {}", guests.join(", "));
+        }
+        let _ = write!(out, "\nxtask test: total {}", secs(self.took));
+        out
     }
-    let stages: Vec<String> = times
-        .iter()
-        .map(|(name, time)| format!("{name} {time}"))
-        .collect();
-    let guests: Vec<String> = run
-        .guests
-        .iter()
-        .map(|g| format!("{} {}", g.name, secs(g.took)))
-        .collect();
-    let _ = write!(out, "\nxtask test: stage times: {}", stages.join(", "));
-    if !guests.is_empty() {
-        let _ = write!(out, "\nxtask test: guest times: {}", guests.join(", "));
-    }
-    let _ = write!(out, "\nxtask test: total {}", secs(took));
-    out
 }

@@ -58,7 +58,8 @@ pub(crate) struct Args {
     /// `<target>/vm/<kernel>/console.log`).
     #[arg(long)]
     quiet: bool,
-    /// Guests to run at once [default: as many as the host has CPUs].
+    /// Guests to run at once [default: as many as the host has CPUs; each emulated guest
+    /// runs on one host thread].
     #[arg(long)]
     jobs: Option<usize>,
     /// Arguments for every test binary, after `--`: a name filter, `--exact`, `--skip X`.
@@ -99,6 +100,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .collect()
     };
     let suite = suite::build()?;
+    let slots = Slots::new(args.jobs.unwrap_or_else(Slots::cpus));
     let ran = run_tests(
         &suite,
         &guests,
@@ -106,7 +108,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             accel: args.accel,
             timeout: Duration::from_secs(args.timeout),
             quiet: args.quiet,
-            jobs: args.jobs,
+            slots: &slots,
             passthrough: args.passthrough.clone(),
         },
     )?;
@@ -162,13 +164,73 @@ pub(crate) fn matrix() -> anyhow::Result<Vec<Guest>> {
 
 /// How to run the tests in guests.
 #[derive(Debug)]
-pub(crate) struct Options {
+pub(crate) struct Options<'a> {
     pub accel: AccelChoice,
     pub timeout: Duration,
     pub quiet: bool,
-    /// Guests at once; `None`: as many as the host has CPUs.
-    pub jobs: Option<usize>,
+    /// How many guests may run at once.
+    pub slots: &'a Slots,
     pub passthrough: Vec<String>,
+}
+
+/// How many guests may run at once: a number that may grow while they run (when the host
+/// frees a CPU), or drop to none (nothing more starts).
+#[derive(Debug)]
+pub(crate) struct Slots {
+    /// Guests allowed at once, and running now; `None` once closed.
+    state: std::sync::Mutex<Option<(usize, usize)>>,
+    changed: std::sync::Condvar,
+}
+
+impl Slots {
+    pub(crate) fn new(allowed: usize) -> Self {
+        Self {
+            state: std::sync::Mutex::new(Some((allowed.max(1), 0))),
+            changed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// As many as the host has CPUs: an emulated guest runs on one host thread.
+    pub(crate) fn cpus() -> usize {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    }
+
+    /// Lets `allowed` guests run at once from now on.
+    pub(crate) fn allow(&self, allowed: usize) {
+        let mut state = self.state.lock().expect("the slots' lock");
+        if let Some((now, _)) = state.as_mut() {
+            *now = allowed.max(1);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Lets no more guests start.
+    pub(crate) fn close(&self) {
+        *self.state.lock().expect("the slots' lock") = None;
+        self.changed.notify_all();
+    }
+
+    /// Waits for a free slot and takes it; `false` once closed.
+    fn take(&self) -> bool {
+        let mut state = self.state.lock().expect("the slots' lock");
+        loop {
+            match state.as_mut() {
+                None => return false,
+                Some((allowed, running)) if *running < *allowed => {
+                    *running += 1;
+                    return true;
+                }
+                Some(_) => state = self.changed.wait(state).expect("the slots' lock"),
+            }
+        }
+    }
+
+    fn give_back(&self) {
+        if let Some((_, running)) = self.state.lock().expect("the slots' lock").as_mut() {
+            *running -= 1;
+        }
+        self.changed.notify_all();
+    }
 }
 
 /// What one guest ran and said.
@@ -216,9 +278,10 @@ struct Prepared {
     prepare_time: Duration,
 }
 
-/// Runs the kernel-dependent tests of `suite` in one guest per entry of `guests`, up to
-/// [`Options::jobs`] at once, and fails if any guest does not report success (after
-/// running them all). Returns what each guest ran and said.
+/// Runs the kernel-dependent tests of `suite` in one guest per entry of `guests`, as many
+/// at once as [`Options::slots`] allow, the longest first (the matrix lists them oldest
+/// first), and fails if any guest does not report success (after running them all), or
+/// if the slots closed before every guest ran. Returns what each guest ran and said.
 ///
 /// # Errors
 /// If a kernel cannot be had, QEMU cannot be run, or a guest fails.
@@ -245,25 +308,27 @@ pub(crate) fn run_tests(
             prepare_time: step.elapsed(),
         });
     }
-    let jobs = options
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
-        .clamp(1, prepared.len().max(1));
+    let workers = Slots::cpus().clamp(1, prepared.len().max(1));
     let alone = prepared.len() == 1;
+    let total = prepared.len();
     let queue = std::sync::Mutex::new(prepared.into_iter().enumerate().collect::<Vec<_>>());
     let mut done: Vec<(usize, anyhow::Result<GuestRun>, Option<String>)> = Vec::new();
     std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..jobs)
+        let workers: Vec<_> = (0..workers)
             .map(|_| {
                 scope.spawn(|| {
                     let mut ran = Vec::new();
                     // Each worker decides its own accelerator: where QEMU cannot start KVM at
                     // all the decision is immediate; elsewhere each guest's first boot tells.
                     let mut launcher = Launcher::new(options.accel, "xtask vm");
-                    loop {
+                    while options.slots.take() {
                         let next = queue.lock().expect("the queue's lock").pop();
-                        let Some((index, guest)) = next else { break };
+                        let Some((index, guest)) = next else {
+                            options.slots.give_back();
+                            break;
+                        };
                         let (result, failure) = boot(&mut launcher, guest, options, alone);
+                        options.slots.give_back();
                         ran.push((index, result, failure));
                     }
                     ran
@@ -274,6 +339,12 @@ pub(crate) fn run_tests(
             done.extend(worker.join().expect("a guest worker panicked"));
         }
     });
+    if done.len() < total {
+        bail!(
+            "{} of {total} guests did not run: the run was stopped",
+            total - done.len()
+        );
+    }
     done.sort_by_key(|(index, ..)| *index);
     let mut runs = Vec::new();
     let mut failures = Vec::new();
@@ -285,7 +356,7 @@ pub(crate) fn run_tests(
         runs.push(run);
     }
     eprintln!(
-        "xtask vm: times ({jobs} at once): {}; all {:.1} s",
+        "xtask vm: times: {}; all {:.1} s",
         times.join("; "),
         started.elapsed().as_secs_f64()
     );
