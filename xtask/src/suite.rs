@@ -22,9 +22,15 @@ use crate::cmd;
 use crate::output::{self, Output};
 
 /// Cargo options of every test build, and of clippy: optimised, with the test profile's
-/// debug assertions and overflow checks kept. Under emulation unoptimised code made the
-/// guest suite four times slower.
-pub(crate) const TEST_PROFILE: &[&str] = &["--config", "profile.dev.opt-level=2"];
+/// debug assertions and overflow checks kept (under emulation unoptimised code made the
+/// guest suite four times slower), and debug info reduced to line tables (a failure's
+/// backtrace still names files and lines; full debug info took much of the build's time).
+pub(crate) const TEST_PROFILE: &[&str] = &[
+    "--config",
+    "profile.dev.opt-level=2",
+    "--config",
+    "profile.dev.debug=\"line-tables-only\"",
+];
 
 /// What every build of the suite builds: the workspace but the eBPF crate (which builds only
 /// for the BPF target, through `tap-probe/build.rs`), with the privileged tests.
