@@ -1,6 +1,6 @@
-//! The probe's programs as the kernel lists them, so that a test can find every one left
-//! loaded after a run: the names the embedded object gives them, cut as the kernel cuts a
-//! program's name (`BPF_OBJ_NAME_LEN`, 16 bytes with the NUL).
+//! The probe's programs by name, as the embedded object gives them, so that a test can find
+//! every one left loaded after a run (the kernel keeps the first 15 bytes of a program's
+//! name, `BPF_OBJ_NAME_LEN` with the NUL) and tell them from others.
 
 use std::collections::BTreeSet;
 
@@ -8,19 +8,12 @@ use anyhow::{Context as _, Result};
 
 use crate::bpf::object::Object;
 
-/// The longest program name the kernel keeps.
-const KERNEL_NAME_LEN: usize = 15;
-
-/// The names of every program in the probe object, as the kernel lists loaded programs.
+/// The names of every program in the probe object.
 ///
 /// # Errors
 /// When the embedded object cannot be parsed (a build with `AYA_BUILD_SKIP` has none).
 pub fn probe_program_names() -> Result<BTreeSet<String>> {
     let object = aya_obj::Object::parse(Object::Probe.bytes())
         .context("parsing the embedded probe object")?;
-    Ok(object
-        .programs
-        .keys()
-        .map(|name| name.chars().take(KERNEL_NAME_LEN).collect())
-        .collect())
+    Ok(object.programs.keys().cloned().collect())
 }
