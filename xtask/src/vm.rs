@@ -101,7 +101,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     let suite = suite::build()?;
     let slots = Slots::new(args.jobs.unwrap_or_else(Slots::cpus));
-    let ran = run_tests(
+    let (ran, result) = run_tests(
         &suite,
         &guests,
         &Options {
@@ -111,7 +111,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             slots: &slots,
             passthrough: args.passthrough.clone(),
         },
-    )?;
+    );
+    for guest in &ran {
+        println!("{}", guest.report());
+    }
+    result?;
     // Expectations hold for the whole suite on the matrix; a filter or another kernel only
     // reports.
     let expected = (whole_matrix && args.passthrough.is_empty())
@@ -119,7 +123,6 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .transpose()?;
     let mut problems = Vec::new();
     for guest in &ran {
-        println!("{}", guest.report());
         if let Some(expected) = &expected {
             let kernel = expected.of(&guest.name, &guest.release)?;
             for problem in kernel.problems(&guest.said) {
@@ -280,16 +283,29 @@ struct Prepared {
 
 /// Runs the kernel-dependent tests of `suite` in one guest per entry of `guests`, as many
 /// at once as [`Options::slots`] allow, the longest first (the matrix lists them oldest
-/// first), and fails if any guest does not report success (after running them all), or
-/// if the slots closed before every guest ran. Returns what each guest ran and said.
-///
-/// # Errors
-/// If a kernel cannot be had, QEMU cannot be run, or a guest fails.
+/// first). Returns what each guest that ran said, also when one failed, and whether all
+/// succeeded.
 pub(crate) fn run_tests(
     suite: &Suite,
     guests: &[Guest],
     options: &Options,
-) -> anyhow::Result<Vec<GuestRun>> {
+) -> (Vec<GuestRun>, anyhow::Result<()>) {
+    let mut runs = Vec::new();
+    let ran = run_all(suite, guests, options, &mut runs);
+    (runs, ran)
+}
+
+/// [`run_tests`], putting each guest's run into `runs`.
+///
+/// # Errors
+/// If a kernel cannot be had, QEMU cannot be run, a guest fails (after running them all),
+/// or the slots closed before every guest ran.
+fn run_all(
+    suite: &Suite,
+    guests: &[Guest],
+    options: &Options,
+    runs: &mut Vec<GuestRun>,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let payload = Payload::select(suite, &options.passthrough)?;
     // One after another: they share apt's cache and the kernels'.
@@ -339,22 +355,27 @@ pub(crate) fn run_tests(
             done.extend(worker.join().expect("a guest worker panicked"));
         }
     });
-    if done.len() < total {
-        bail!(
-            "{} of {total} guests did not run: the run was stopped",
-            total - done.len()
-        );
-    }
     done.sort_by_key(|(index, ..)| *index);
-    let mut runs = Vec::new();
     let mut failures = Vec::new();
+    let mut errors = Vec::new();
     let mut times = Vec::new();
     for (_, result, failure) in done {
-        let run = result?;
-        times.push(format!("{}: {}", run.name, run.times));
-        failures.extend(failure);
-        runs.push(run);
+        match result {
+            Ok(run) => {
+                times.push(format!("{}: {}", run.name, run.times));
+                failures.extend(failure);
+                runs.push(run);
+            }
+            Err(err) => errors.push(format!("{err:#}")),
+        }
     }
+    if runs.len() + errors.len() < total {
+        failures.push(format!(
+            "{} of {total} guests did not run: the run was stopped",
+            total - runs.len() - errors.len()
+        ));
+    }
+    failures.extend(errors);
     eprintln!(
         "xtask vm: times: {}; all {:.1} s",
         times.join("; "),
@@ -363,7 +384,7 @@ pub(crate) fn run_tests(
     if !failures.is_empty() {
         bail!("guests failed: {}", failures.join("; "));
     }
-    Ok(runs)
+    Ok(())
 }
 
 /// Boots one prepared guest; what it ran, and why it failed if it did.
