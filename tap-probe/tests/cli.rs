@@ -147,6 +147,27 @@ fn absurd_sizes_are_refused() {
     assert!(stdout.contains("tail-drop"), "{stdout}");
 }
 
+/// A synthetic workload is sized before it is generated, from what generation makes: a
+/// pause whose every window opens with an event makes one per window, far beyond its mean
+/// rate, and is refused at once, naming the bound.
+#[test]
+fn a_synthetic_workload_too_large_to_generate_is_refused() {
+    let out = Command::new(BIN)
+        .args([
+            "replay",
+            "--synthetic",
+            "producer=pause:1:1ns:1ns,consumer=const:1,duration=100s",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("would generate about 5.000e10 operations; at most 1e8"),
+        "{stderr}"
+    );
+}
+
 /// A trace cut short (a killed recorder, a full disk) is refused with a pointer to
 /// `--salvage`, which replays it up to the last whole record and says what is missing.
 #[test]

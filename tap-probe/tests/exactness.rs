@@ -18,8 +18,10 @@ use std::time::Duration;
 use tap_probe::lab::Filter;
 use tap_probe::lab::run_in;
 use tap_probe::lab::{self, Drive, ReaderConfig, SenderConfig};
-use tap_probe::lab::{Backend, Row, TapOptions};
 use tap_probe::lab::{QdiscStats, RootQdisc, Rtnl};
+use tap_probe::lab::{Row, SendReport, TapOptions};
+
+use common::{Checks, Gate, Oracle};
 
 /// Frames sent; the tap's ring holds `tx_queue_len` entries (1000 by default), the reader
 /// takes a few thousand per second, so most of these are dropped: at the ring on a stock
@@ -101,149 +103,193 @@ fn tap_with_slow_reader(setup: Setup) {
     eprintln!("sent {sent:?}\nqdisc {qdisc:?}");
     assert_eq!(sent.attempted, FRAMES, "{sent:?}");
 
+    let mut checks = common::Checks::new();
     let mut rows = Vec::new();
     for (backend, w) in &mut watchers {
         let end = w.refresh().unwrap();
         let row = end.rows[0].clone();
         eprintln!("{backend:?} ({}):\n{row:#?}", end.sources);
-        if common::exact(*backend, w) {
-            always(*backend, &row, setup, qdisc.as_ref(), &end.sources);
-            if stops {
-                stopping(*backend, &row, &kernel);
-            } else {
-                tail_dropping(*backend, &row, setup, sent.enobufs);
-            }
+        let gate = Gate::of(*backend, w);
+        let run = Run {
+            setup,
+            sent: &sent,
+            qdisc: qdisc.as_ref(),
+            sources: &end.sources,
+        };
+        always(&mut checks, &gate, &row, &run);
+        if stops {
+            stopping(&gate, &row, &kernel);
+        } else {
+            tail_dropping(&mut checks, &gate, &row, &run);
         }
         rows.push((*backend, row));
     }
-    common::assert_backends_agree(&rows, &watchers);
+    common::assert_backends_agree(&mut checks, &rows, &watchers);
+    common::second_reading::check(&mut checks, &ns, "tpx0", setup.qdisc != RootQdisc::Noqueue);
     drop(watchers);
     drop(tap);
     drop(ns);
 }
 
-/// What holds whatever the kernel does with a full ring.
-fn always(
-    backend: Backend,
-    row: &Row,
+/// What a run was and what the kernel and the sender say of it.
+struct Run<'a> {
     setup: Setup,
-    qdisc: Option<&QdiscStats>,
-    sources: &tap_probe::lab::Sources,
-) {
+    sent: &'a SendReport,
+    /// The root qdisc's counters over the run; `None` without a qdisc.
+    qdisc: Option<&'a QdiscStats>,
+    sources: &'a tap_probe::lab::Sources,
+}
+
+/// What holds whatever the kernel does with a full ring.
+fn always(checks: &mut Checks, gate: &Gate, row: &Row, run: &Run<'_>) {
     let c = &row.counters;
-    assert!(c.consumed > 0, "{backend:?}: the reader took nothing");
-    assert_eq!(
+    gate.holds(c.consumed > 0, "the reader took nothing");
+    gate.same(
         c.xmit_calls,
         c.enqueued + c.busy + c.dropped_full_ring + c.dropped_other,
-        "{backend:?}: every driver call ends enqueued, busy or dropped"
+        "every driver call ends enqueued, busy or dropped",
     );
-    assert_eq!(
+    checks.eq(
+        gate,
+        Oracle::DeviceStats,
         c.dropped_full_ring + c.dropped_other,
         row.kernel.tx_dropped,
-        "{backend:?}: drops in the driver vs kernel tx_dropped"
+        "drops in the driver vs kernel tx_dropped",
     );
-    assert_eq!(c.dropped_other, 0, "{backend:?}: {:?}", row.drop_reasons);
-    assert_eq!(
-        c.consumed, row.kernel.tx_packets,
-        "{backend:?}: consumed vs kernel tx_packets"
+    gate.same(c.dropped_other, 0, format!("{:?}", row.drop_reasons));
+    checks.eq(
+        gate,
+        Oracle::DeviceStats,
+        c.consumed,
+        row.kernel.tx_packets,
+        "consumed vs kernel tx_packets",
     );
-    assert_eq!(
-        c.enqueued, c.consumed,
-        "{backend:?}: after the drain the ring is empty"
-    );
-    assert!(!row.stopped, "{backend:?}: the drain woke the queue");
-    assert_eq!(
-        c.queue_stops, c.queue_wakes,
-        "{backend:?}: every stop seen was followed by a wake"
+    gate.same(c.enqueued, c.consumed, "after the drain the ring is empty");
+    gate.holds(!row.stopped, "the drain woke the queue");
+    gate.same(
+        c.queue_stops,
+        c.queue_wakes,
+        "every stop seen was followed by a wake",
     );
     if row.wake_sources {
-        assert_eq!(
+        gate.same(
             c.wakes_reader + c.wakes_vhost + c.wakes_forced + c.wakes_other,
             c.queue_wakes,
-            "{backend:?}: each wake seen has one waker"
+            "each wake seen has one waker",
         );
-        assert_eq!(
-            c.wakes_other, 0,
-            "{backend:?}: tun wakes from its own paths"
-        );
-        assert_eq!(c.wakes_vhost, 0, "{backend:?}: no vhost-net here");
+        gate.same(c.wakes_other, 0, "tun wakes from its own paths");
+        gate.same(c.wakes_vhost, 0, "no vhost-net here");
     }
     let ring = row.occupancy.expect("a tap's ring is sampled");
-    assert_eq!(
+    gate.same(
         ring.samples,
         c.xmit_calls + c.consumed,
-        "{backend:?}: one sample per driver call and per take"
+        "one sample per driver call and per take",
     );
-    assert_eq!(
+    gate.same(
         ring.current,
         Some(c.enqueued - c.consumed),
-        "{backend:?}: at rest, the ring holds what went in and was not taken"
+        "at rest, the ring holds what went in and was not taken",
     );
-    match qdisc {
+    match run.qdisc {
         // Without a qdisc every send is one driver call.
         None => {
-            assert_eq!(setup.qdisc, RootQdisc::Noqueue);
-            assert_eq!(c.xmit_calls, FRAMES, "{backend:?}");
-        }
-        Some(q) => {
-            // The qdisc hands each packet out once; one the driver sent back (busy) is
-            // handed to it again from the requeue list, unseen by the qdisc's count.
-            assert_eq!(c.xmit_calls, q.packets + c.busy, "{backend:?}: {q:?}");
-            assert_eq!(q.qlen, 0, "{backend:?}: the qdisc drained");
-            // Every frame sent is accounted for: taken by the reader, dropped by the
-            // qdisc or at the ring; nothing is left in either.
-            assert_eq!(
-                FRAMES,
-                c.consumed + q.drops + c.dropped_full_ring,
-                "{backend:?}: every frame sent accounted for: {q:?}"
+            assert_eq!(run.setup.qdisc, RootQdisc::Noqueue);
+            checks.eq(
+                gate,
+                Oracle::Sender,
+                c.xmit_calls,
+                run.sent.attempted,
+                "a driver call per frame sent",
             );
-            // Every requeue is a busy return or a packet put back while stopped.
-            let requeues = c.busy + c.requeued_stopped;
-            if sources.requeues_may_be_short() {
-                assert!(requeues <= q.requeues, "{backend:?}: {requeues} vs {q:?}");
-            } else {
-                assert_eq!(requeues, q.requeues, "{backend:?}: busy + requeued_stopped");
-            }
         }
+        Some(q) => qdisc_accounting(checks, gate, row, run, q),
+    }
+}
+
+/// What a run through a qdisc leaves in its counters: every packet handed out, every frame
+/// sent accounted for, every requeue explained.
+fn qdisc_accounting(checks: &mut Checks, gate: &Gate, row: &Row, run: &Run<'_>, q: &QdiscStats) {
+    let c = &row.counters;
+    // The qdisc hands each packet out once; one the driver sent back (busy) is handed to it
+    // again from the requeue list, unseen by the qdisc's count.
+    checks.eq(
+        gate,
+        Oracle::Qdisc,
+        c.xmit_calls,
+        q.packets + c.busy,
+        format!("a driver call per packet the qdisc handed out, again after busy: {q:?}"),
+    );
+    gate.holds(q.qlen == 0, "the qdisc drained");
+    // Every frame sent is accounted for: taken by the reader, dropped by the qdisc or at
+    // the ring; nothing is left in either.
+    checks.eq(
+        gate,
+        Oracle::Qdisc,
+        c.consumed + q.drops + c.dropped_full_ring,
+        run.sent.attempted,
+        format!("every frame sent accounted for: {q:?}"),
+    );
+    // Every requeue is a busy return or a packet put back while stopped.
+    let requeues = c.busy + c.requeued_stopped;
+    if run.sources.requeues_may_be_short() {
+        checks.that(
+            gate,
+            Oracle::Qdisc,
+            requeues <= q.requeues,
+            format!("busy + requeued_stopped, from dequeues: {requeues} vs {q:?}"),
+        );
+    } else {
+        checks.eq(
+            gate,
+            Oracle::Qdisc,
+            requeues,
+            q.requeues,
+            "busy + requeued_stopped",
+        );
     }
 }
 
 /// The fix: the ring never drops, the queue stops and the qdisc holds the packets.
-fn stopping(backend: Backend, row: &Row, kernel: &tap_probe::lab::KernelInfo) {
+fn stopping(gate: &Gate, row: &Row, kernel: &tap_probe::lab::KernelInfo) {
     let c = &row.counters;
-    assert_eq!(row.backpressure, Some(true), "{backend:?}");
-    assert!(
+    assert_eq!(row.backpressure, Some(true), "{:?}", gate.backend());
+    gate.holds(
         c.queue_stops >= 1,
-        "{backend:?}: the ring never filled: this run proves nothing"
+        "the ring never filled: this run proves nothing",
     );
-    assert_eq!(
-        c.dropped_full_ring, 0,
-        "{backend:?}: one sender never races a stop: no packet lost at the ring"
+    gate.same(
+        c.dropped_full_ring,
+        0,
+        "one sender never races a stop: no packet lost at the ring",
     );
     if common::has_backpressure_flag(kernel) {
         // The merged fix drops rather than return NETDEV_TX_BUSY after it changed the skb.
-        assert_eq!(c.busy, 0, "{backend:?}: 7.3 never returns NETDEV_TX_BUSY");
+        gate.same(c.busy, 0, "7.3 never returns NETDEV_TX_BUSY");
     }
     let ring = row.occupancy.unwrap();
-    assert!(ring.max > 0, "{backend:?}: {ring:?}");
+    gate.holds(ring.max > 0, format!("{ring:?}"));
 }
 
 /// A stock ring: a full ring drops, the queue never stops.
-fn tail_dropping(backend: Backend, row: &Row, setup: Setup, enobufs: u64) {
+fn tail_dropping(checks: &mut Checks, gate: &Gate, row: &Row, run: &Run<'_>) {
     let c = &row.counters;
-    assert!(
+    gate.holds(
         c.dropped_full_ring > 0,
-        "{backend:?}: the ring never filled: this run proves nothing"
+        "the ring never filled: this run proves nothing",
     );
-    assert_eq!(
-        c.busy, 0,
-        "{backend:?}: a tail-dropping tun never returns BUSY"
-    );
-    assert_eq!(c.queue_stops, 0, "{backend:?}");
-    assert_eq!(c.requeued_stopped, 0, "{backend:?}");
-    if setup.qdisc == RootQdisc::Noqueue {
+    gate.same(c.busy, 0, "a tail-dropping tun never returns BUSY");
+    gate.same(c.queue_stops, 0, "no stop");
+    gate.same(c.requeued_stopped, 0, "no requeue");
+    if run.setup.qdisc == RootQdisc::Noqueue {
         // Without a qdisc a ring-full drop is the sender's ENOBUFS.
-        assert_eq!(c.dropped_full_ring, enobufs, "{backend:?}");
+        checks.eq(
+            gate,
+            Oracle::Sender,
+            c.dropped_full_ring,
+            run.sent.enobufs,
+            "ring-full drops vs the sender's ENOBUFS",
+        );
     }
 }
 
@@ -397,21 +443,36 @@ fn reader_sleeps_match_the_readers_context_switches() {
         "the reader slept only {switches} times: it never waited on an empty ring"
     );
 
+    let mut checks = common::Checks::new();
     let mut rows = Vec::new();
     for (backend, w) in &mut watchers {
         let row = w.refresh().unwrap().rows[0].clone();
         eprintln!("{backend:?}: {row:#?}");
-        if common::exact(*backend, w) {
-            assert_eq!(row.counters.consumed, reads, "{backend:?}");
-            assert_eq!(row.counters.consumed, row.kernel.tx_packets, "{backend:?}");
-            assert_eq!(
-                row.counters.reader_sleeps, switches,
-                "{backend:?}: reader sleeps vs the reader's voluntary context switches"
-            );
-        }
+        let gate = Gate::of(*backend, w);
+        checks.eq(
+            &gate,
+            Oracle::Reader,
+            row.counters.consumed,
+            reads,
+            "consumed vs reads",
+        );
+        checks.eq(
+            &gate,
+            Oracle::DeviceStats,
+            row.counters.consumed,
+            row.kernel.tx_packets,
+            "consumed vs kernel tx_packets",
+        );
+        checks.eq(
+            &gate,
+            Oracle::Scheduler,
+            row.counters.reader_sleeps,
+            switches,
+            "reader sleeps vs the reader's voluntary context switches",
+        );
         rows.push((*backend, row));
     }
-    common::assert_backends_agree(&rows, &watchers);
+    common::assert_backends_agree(&mut checks, &rows, &watchers);
     drop(watchers);
     drop(tap);
     drop(ns);

@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use tap_probe::lab::{Drive, Filter, ReaderConfig, RootQdisc, SenderConfig};
 
+use common::{Checks, Gate, Oracle};
+use tap_probe::lab::{Backend, Watcher};
+
 /// The load: paced, with a reader slower than the sender so that the ring fills and drops
 /// too. It runs this long before the watchers attach, and after they have attached for as
 /// long as they refresh (attaching takes seconds in a slow guest), then stops.
@@ -44,6 +47,7 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
     };
     let attached = AtomicBool::new(false);
     let stop = Arc::new(AtomicBool::new(false));
+    let mut checks = common::Checks::new();
     let mut watchers = std::thread::scope(|s| {
         let load = s.spawn(|| {
             Drive {
@@ -83,7 +87,12 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
                         .counters
                         .dropped_full_ring
                         .abs_diff(row.kernel.tx_dropped);
-                assert!(off <= row.kernel.skew, "{backend:?}: {row:#?}");
+                checks.bound(
+                    Some(*backend),
+                    Oracle::DeviceStats,
+                    off <= row.kernel.skew,
+                    format!("off by no more than the skew shown: {row:#?}"),
+                );
             }
         }
         assert!(
@@ -101,26 +110,70 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
         watchers
     });
     assert!(attached.load(Ordering::Relaxed));
-    let mut rows = Vec::new();
-    for (backend, w) in &mut watchers {
-        let row = w.refresh().unwrap().rows.remove(0);
-        eprintln!("{backend:?}: {row:#?}");
-        assert!(
-            row.counters.consumed > 1000 / u64::from(slowdown),
-            "{backend:?}: counted under load"
-        );
-        assert_eq!(row.kernel.skew, 0, "{backend:?}: no traffic, no skew");
-        assert_eq!(
-            row.counters.consumed, row.kernel.tx_packets,
-            "{backend:?}: consumed vs kernel tx_packets"
-        );
-        assert_eq!(
-            row.counters.dropped_full_ring, row.kernel.tx_dropped,
-            "{backend:?}: ring-full drops vs kernel tx_dropped"
-        );
-        rows.push((*backend, row));
-    }
+    settled(&mut checks, &mut watchers, slowdown);
     drop(watchers);
     drop(tap);
     drop(ns);
+}
+
+/// Once the traffic stopped: every backend counted what the kernel did, exactly, and they
+/// differ by what the kernel counted between their starts.
+fn settled(checks: &mut Checks, watchers: &mut [(Backend, Watcher)], slowdown: u32) {
+    let mut rows = Vec::new();
+    for (backend, w) in watchers.iter_mut() {
+        let row = w.refresh().unwrap().rows.remove(0);
+        eprintln!("{backend:?}: {row:#?}");
+        let gate = Gate::always(*backend);
+        gate.holds(
+            row.counters.consumed > 1000 / u64::from(slowdown),
+            "counted under load",
+        );
+        gate.same(row.kernel.skew, 0, "no traffic, no skew");
+        checks.eq(
+            &gate,
+            Oracle::DeviceStats,
+            row.counters.consumed,
+            row.kernel.tx_packets,
+            "consumed vs kernel tx_packets",
+        );
+        checks.eq(
+            &gate,
+            Oracle::DeviceStats,
+            row.counters.dropped_full_ring,
+            row.kernel.tx_dropped,
+            "ring-full drops vs kernel tx_dropped",
+        );
+        rows.push((*backend, row));
+    }
+    // The backends attached one after the other while packets flowed, so each counted from
+    // its own start: what one counted more than another, the kernel counted more between
+    // their starts.
+    let (base_backend, base) = &rows[0];
+    for (backend, row) in &rows[1..] {
+        let gate = Gate::always(*backend);
+        for (what, ours, base_ours, kernel, base_kernel) in [
+            (
+                "consumed",
+                row.counters.consumed,
+                base.counters.consumed,
+                row.kernel.tx_packets,
+                base.kernel.tx_packets,
+            ),
+            (
+                "dropped_full_ring",
+                row.counters.dropped_full_ring,
+                base.counters.dropped_full_ring,
+                row.kernel.tx_dropped,
+                base.kernel.tx_dropped,
+            ),
+        ] {
+            checks.eq(
+                &gate,
+                Oracle::OtherBackend,
+                i128::from(ours) - i128::from(base_ours),
+                i128::from(kernel) - i128::from(base_kernel),
+                format!("{what}: {backend:?} beyond {base_backend:?}, as the kernel counted"),
+            );
+        }
+    }
 }

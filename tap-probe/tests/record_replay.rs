@@ -24,6 +24,8 @@ use tap_probe::model::X86_64_BATCH;
 use tap_probe::model::{SimConfig, simulate};
 use tap_probe_common::{EventKind, WakeClass};
 
+use common::{Gate, Oracle};
+
 const FRAMES: u64 = 20_000;
 const DEV: &str = "tprr0";
 
@@ -97,8 +99,21 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
         tx_dropped > 1000,
         "the ring never filled: this run proves nothing"
     );
-    assert_eq!(stream.recorded(EventKind::DroppedFullRing), tx_dropped);
-    assert_eq!(stream.recorded(EventKind::Consumed), tx_packets);
+    let mut checks = common::Checks::new();
+    checks.eq(
+        &Gate::none(),
+        Oracle::DeviceStats,
+        stream.recorded(EventKind::DroppedFullRing),
+        tx_dropped,
+        "ring-full drops recorded vs kernel tx_dropped",
+    );
+    checks.eq(
+        &Gate::none(),
+        Oracle::DeviceStats,
+        stream.recorded(EventKind::Consumed),
+        tx_packets,
+        "takes recorded vs kernel tx_packets",
+    );
 
     let cfg = SimConfig {
         ring_size: stream.ring_size,

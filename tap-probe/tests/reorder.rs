@@ -15,14 +15,22 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tap_probe::lab::{
-    self, Drive, Filter, QdiscStats, ReaderConfig, RootQdisc, Rtnl, SENDER_DEV, SenderConfig,
-    TcpCounters, VethConfig, VethLink, run_in,
+    self, Backend, Drive, Filter, QdiscStats, ReaderConfig, RootQdisc, Rtnl, SENDER_DEV,
+    SenderConfig, TcpCounters, VethConfig, VethLink, run_in,
 };
 use tap_probe_common::QueueCounters;
+
+use common::{Checks, Gate, Oracle};
 
 /// Per packet on the veth peer: slow enough that one TCP sender fills the ring, on this host
 /// and under TCG alike.
 const HOLD_NS: u64 = 20_000;
+/// Requeues in one run beyond which reordering is certain where the qdisc appends a
+/// requeued segment list behind the ones parked in `gso_skb` (every kernel up to 7.3):
+/// measured, 4 streams for 5 s, this host: 76,668 and 91,294 requeues, 76 and 255 segments
+/// late; under TCG, 7.3: 18,827 requeues, 5 late; 6.12: 9 requeues (one busy), none late.
+/// Below it a run may reorder nothing, and says so.
+const REORDERING_CERTAIN: u64 = 50_000;
 /// TCP streams, as in the seed's measurement.
 const STREAMS: u32 = 4;
 const SECS: u64 = 5;
@@ -86,23 +94,73 @@ fn netem_reordering_is_counted_as_the_reader_sees_it() {
         read.reordered > 0,
         "netem reordered nothing: this run proves nothing"
     );
+    let mut checks = common::Checks::new();
     for (backend, w) in &mut watchers {
         let c = total(&w.refresh().unwrap().rows);
         eprintln!("{backend:?}: {c:?}");
-        if !common::exact_under_softirq(*backend, w) {
-            assert!(c.enqueued <= read.packets, "{backend:?}");
-            assert!(c.reordered <= read.reordered, "{backend:?}");
-            continue;
+        let gate = Gate::under_softirq(*backend, w);
+        checks.eq(
+            &gate,
+            Oracle::Reader,
+            c.enqueued,
+            read.packets,
+            "every frame taken was read",
+        );
+        checks.eq(
+            &gate,
+            Oracle::Reader,
+            c.reordered,
+            read.reordered,
+            "the probe and the reader count the same late frames",
+        );
+        if !gate.is_open() {
+            bounded_by_the_reader(&mut checks, *backend, &c, &read);
         }
-        assert_eq!(
-            c.enqueued, read.packets,
-            "{backend:?}: every frame taken was read"
-        );
-        assert_eq!(
-            c.reordered, read.reordered,
-            "{backend:?}: the probe and the reader count the same late frames"
-        );
     }
+}
+
+/// Counts that may be short, bounded by the reader's: a driver call the programs missed is a
+/// frame taken but not counted, and it takes at most its own place in its flow's order with
+/// it (a frame not seen moves no flow's next number, so it makes no other frame late).
+fn bounded_by_the_reader(
+    checks: &mut Checks,
+    backend: Backend,
+    c: &QueueCounters,
+    read: &lab::ReadReport,
+) {
+    let b = Some(backend);
+    let missed = read.packets.saturating_sub(c.enqueued);
+    checks.bound(
+        b,
+        Oracle::Reader,
+        c.enqueued <= read.packets,
+        "taken <= read",
+    );
+    checks.bound(
+        b,
+        Oracle::Reader,
+        c.enqueued * 100 >= read.packets * 99,
+        format!(
+            "at most 1% of the frames unseen: {missed} of {}",
+            read.packets
+        ),
+    );
+    checks.bound(
+        b,
+        Oracle::Reader,
+        c.reordered <= read.reordered,
+        "late frames <= the reader's",
+    );
+    checks.bound(
+        b,
+        Oracle::Reader,
+        read.reordered - c.reordered.min(read.reordered) <= missed,
+        format!(
+            "late frames short by at most the frames unseen: {} vs {}, {missed} unseen",
+            c.reordered, read.reordered
+        ),
+    );
+    checks.bound(b, Oracle::Reader, c.reordered > 0, "late frames counted");
 }
 
 /// The flow table holds `MAX_FLOWS` flows: cycled through more flows than that, the least
@@ -152,9 +210,17 @@ fn flows_beyond_the_table_are_taken_up_again() {
         .run()
         .unwrap();
         eprintln!("{flows} flows: {driven:?}");
+        let mut checks = common::Checks::new();
         for (backend, w) in &mut watchers {
             let c = total(&w.refresh().unwrap().rows);
             eprintln!("{backend:?}: {c:?}");
+            checks.eq(
+                &Gate::always(*backend),
+                Oracle::Reader,
+                c.enqueued,
+                driven.read[0].packets,
+                "every frame taken was read",
+            );
             assert_eq!(c.enqueued, frames, "{backend:?}: every frame taken");
             if flows < table {
                 assert_eq!(c.flows_joined, 0, "{backend:?}: every flow fits");
@@ -171,16 +237,20 @@ fn flows_beyond_the_table_are_taken_up_again() {
 
 /// The seed's scenario: TCP streams through a veth with a pfifo root qdisc, TSO off, a slow
 /// peer. Where veth answers busy and the qdisc puts a segment list back behind the ones
-/// parked in `gso_skb`, segments reach the driver out of order. The receiver's
-/// `TCPOFOQueue` counts what arrived after a hole, per skb after GRO: a reordered segment
-/// opens a hole for every segment that overtook it, and a lost one opens one too, so the two
-/// counts differ by design. What holds exactly: a late segment is overtaken by a later one
-/// of its stream, which the receiver queues out of order, so `reordered > 0` implies
-/// `TCPOFOQueue > 0`; and where nothing was lost (no retransmission) every hole is a
-/// reordering, so `TCPOFOQueue > 0` implies `reordered > 0`. The figures are printed.
+/// parked in `gso_skb` (every kernel up to 7.3 appends there, `dev_requeue_skb`), segments
+/// reach the driver out of order: where the qdisc requeued enough that some segment must
+/// have been put back behind others, reordering must be counted (below that the test says
+/// it could not require it). Where it requeued nothing (a veth without qdisc backpressure
+/// drops instead), nothing can be late. The receiver's `TCPOFOQueue` counts what arrived after a hole, per skb after
+/// GRO: a reordered segment opens a hole for every segment that overtook it, and a lost one
+/// opens one too, so the two counts differ by design. What holds exactly: a late segment is
+/// overtaken by a later one of its stream, which the receiver queues out of order, so
+/// `reordered > 0` implies `TCPOFOQueue > 0`; and where nothing was lost (no
+/// retransmission) every hole is a reordering, so `TCPOFOQueue > 0` implies
+/// `reordered > 0`. The figures are printed.
 #[test]
 fn requeue_reordering_shows_at_the_receiver() {
-    let Some(run) = tcp_run(
+    let Some(mut run) = tcp_run(
         "ro-rq",
         VethConfig {
             qdisc: RootQdisc::Pfifo { limit: None },
@@ -193,32 +263,58 @@ fn requeue_reordering_shows_at_the_receiver() {
     let secs = run.elapsed.as_secs_f64();
     #[expect(clippy::cast_precision_loss, reason = "a rate")]
     let per_sec = |n: u64| n as f64 / secs;
+    let requeues = run.requeues.expect("a pfifo qdisc's counters");
     println!(
         "reorder figures: kernel {} | {STREAMS} streams, {secs:.1} s, {:.0} Mbit/s | reordered/s {:.0} | busy/s {:.0} | requeues/s {:.0} | receiver OFO/s {:.0} | retrans/s {:.0} | totals: reordered {} busy {} requeues {} ofo {} retrans {}",
         release(),
         per_sec(run.received * 8) / 1e6,
         per_sec(run.counters.reordered),
         per_sec(run.counters.busy),
-        per_sec(run.requeues),
+        per_sec(requeues),
         per_sec(run.receiver.ofo_queue),
         per_sec(run.sender.retrans_segs),
         run.counters.reordered,
         run.counters.busy,
-        run.requeues,
+        requeues,
         run.receiver.ofo_queue,
         run.sender.retrans_segs,
     );
-    if run.counters.reordered > 0 {
-        assert!(
-            run.receiver.ofo_queue > 0,
-            "late segments the receiver never saw out of order"
+    let gate = run.gate.clone();
+    let (reordered, ofo) = (run.counters.reordered, run.receiver.ofo_queue);
+    if requeues >= REORDERING_CERTAIN {
+        run.checks.that(
+            &gate,
+            Oracle::Qdisc,
+            reordered > 0,
+            format!("the qdisc requeued {requeues} times, yet no segment was counted late"),
         );
+    } else {
+        eprintln!(
+            "skipping reordering required - the qdisc requeued {requeues} times, fewer than \
+             the {REORDERING_CERTAIN} that make reordering certain"
+        );
+        if requeues == 0 {
+            run.checks.eq(
+                &gate,
+                Oracle::Qdisc,
+                reordered,
+                0,
+                "the qdisc put nothing back: nothing can be late",
+            );
+        }
     }
+    run.checks.that(
+        &gate,
+        Oracle::TcpStack,
+        reordered == 0 || ofo > 0,
+        "late segments the receiver never saw out of order",
+    );
     if run.sender.retrans_segs == 0 {
-        assert_eq!(
-            run.counters.reordered > 0,
-            run.receiver.ofo_queue > 0,
-            "nothing lost: every hole at the receiver is a reordering"
+        run.checks.that(
+            &gate,
+            Oracle::TcpStack,
+            (reordered > 0) == (ofo > 0),
+            "nothing lost: every hole at the receiver is a reordering",
         );
     }
 }
@@ -239,7 +335,11 @@ fn without_a_qdisc_nothing_is_reordered() {
     ) else {
         return;
     };
-    assert_eq!(run.counters.reordered, 0);
+    run.gate.same(
+        run.counters.reordered,
+        0,
+        "nothing overtakes without a qdisc",
+    );
     assert!(
         run.receiver.ofo_queue == 0 || run.sender.retrans_segs > 0,
         "holes at the receiver without a loss nor a reordering"
@@ -252,7 +352,7 @@ fn without_a_qdisc_nothing_is_reordered() {
 /// lost (the receive backlog overflowing) and retransmitted.
 #[test]
 fn a_fast_peer_reorders_nothing() {
-    let Some(run) = tcp_run(
+    let Some(mut run) = tcp_run(
         "ro-fast",
         VethConfig {
             qdisc: RootQdisc::Pfifo { limit: None },
@@ -262,8 +362,15 @@ fn a_fast_peer_reorders_nothing() {
     ) else {
         return;
     };
-    assert_eq!(run.counters.busy, 0, "a plain veth is never busy");
-    assert_eq!(run.counters.reordered, 0);
+    assert_eq!(run.requeues, Some(0), "a plain veth is never busy");
+    let gate = run.gate.clone();
+    run.checks.eq(
+        &gate,
+        Oracle::Qdisc,
+        run.counters.reordered,
+        0,
+        "the qdisc put nothing back: nothing can be late",
+    );
     assert!(
         run.receiver.ofo_queue == 0 || run.sender.retrans_segs > 0,
         "holes at the receiver without a loss nor a reordering"
@@ -272,13 +379,19 @@ fn a_fast_peer_reorders_nothing() {
 
 /// What one TCP run through a veth pair counted, by the probe and by the kernel.
 struct TcpRun {
-    /// The probe's counters of the sender's end, summed over its queues (exact backend).
+    /// The probe's counters of the sender's end, summed over its queues, from a backend
+    /// whose counts are exact.
     counters: QueueCounters,
-    requeues: u64,
+    /// Checks of those counters go through this gate: it names their backend.
+    gate: Gate,
+    /// The root qdisc's requeues over the run (none without a qdisc).
+    requeues: Option<u64>,
     sender: TcpCounters,
     receiver: TcpCounters,
     received: u64,
     elapsed: Duration,
+    /// The checks of every attempt.
+    checks: Checks,
 }
 
 /// Runs [`STREAMS`] TCP streams for [`SECS`] through a fresh pair set up as `cfg`, watched
@@ -287,13 +400,18 @@ fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
     if !lab::root() {
         return None;
     }
+    let mut checks = Checks::new();
     // A run where the kernel skipped runs of every backend's programs (a softirq's free
-    // nested in a process-context one) has no exact count to check: it is run again.
+    // nested in a process-context one) has no exact count to check: it is run again, and
+    // says so in a line `cargo xtask test` lists.
     for attempt in 1..=ATTEMPTS {
-        if let Some(run) = tcp_attempt(tag, cfg) {
-            return Some(run);
+        if let Some(run) = tcp_attempt(tag, cfg, &mut checks) {
+            return Some(TcpRun { checks, ..run });
         }
-        eprintln!("{tag}: attempt {attempt}: every backend may be short, running it again");
+        eprintln!(
+            "retrying - {tag}: attempt {attempt} of {ATTEMPTS}: the kernel skipped program runs \
+             of every backend"
+        );
     }
     panic!("{tag}: in {ATTEMPTS} runs the kernel skipped program runs of every backend");
 }
@@ -302,7 +420,7 @@ fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
 const ATTEMPTS: u32 = 3;
 
 /// One run of [`tcp_run`]; `None` when no backend's counts are exact.
-fn tcp_attempt(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
+fn tcp_attempt(tag: &str, cfg: VethConfig, checks: &mut Checks) -> Option<TcpRun> {
     let link = VethLink::create(&common::unique(tag), cfg).unwrap();
     let filter = Filter {
         globs: vec![SENDER_DEV.to_owned()],
@@ -318,7 +436,8 @@ fn tcp_attempt(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
             Rtnl::open()?.root_qdisc_stats(link.sender_ifindex)
         })
     };
-    let q0: Option<QdiscStats> = qdisc().ok();
+    // Without a qdisc there are no qdisc counters to read.
+    let q0: Option<QdiscStats> = (cfg.qdisc != RootQdisc::Noqueue).then(|| qdisc().unwrap());
     let (s0, r0) = link.tcp_counters().unwrap();
     let streams = link
         .tcp_streams(
@@ -330,44 +449,45 @@ fn tcp_attempt(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
         .unwrap();
     assert_eq!(streams.received, streams.sent, "every byte arrived");
     let (s1, r1) = link.tcp_counters().unwrap();
-    let q1 = qdisc().ok();
-    let requeues = match (q0, q1) {
-        (Some(a), Some(b)) => Some(b.requeues - a.requeues),
-        _ => None,
-    };
-    let mut exact: Option<QueueCounters> = None;
+    let requeues = q0.map(|q0| qdisc().unwrap().requeues - q0.requeues);
+    let mut exact: Option<(QueueCounters, Gate)> = None;
     for (backend, w) in &mut watchers {
         let c = total(&w.refresh().unwrap().rows);
         eprintln!("{backend:?}: {c:?}");
+        let gate = Gate::of(*backend, w);
         if requeues == Some(0) {
             // The segments of a packet segmented in software (TSO is off) reach the driver
             // as new skbs: none of them is a packet put back.
-            assert_eq!(
+            checks.eq(
+                &gate,
+                Oracle::Qdisc,
                 (c.busy, c.requeued_stopped),
                 (0, 0),
-                "{backend:?}: the qdisc put nothing back"
+                "the qdisc put nothing back",
             );
         }
-        if !common::exact(*backend, w) {
-            continue;
-        }
-        if let Some(first) = exact {
-            assert_eq!(
-                c.reordered, first.reordered,
-                "{backend:?}: the backends agree"
+        if let Some((first, first_gate)) = &exact {
+            checks.eq(
+                &gate.shut_by(first_gate),
+                Oracle::OtherBackend,
+                c.reordered,
+                first.reordered,
+                "the backends agree on reordered",
             );
-        } else {
-            exact = Some(c);
+        } else if gate.is_open() {
+            exact = Some((c, gate));
         }
     }
-    let counters = exact?;
+    let (counters, gate) = exact?;
     let run = TcpRun {
         counters,
-        requeues: requeues.unwrap_or(0),
+        gate,
+        requeues,
         sender: s1.since(&s0),
         receiver: r1.since(&r0),
         received: streams.received,
         elapsed: streams.elapsed,
+        checks: Checks::new(),
     };
     eprintln!(
         "{tag}: sent {} bytes in {:?}; sender {:?}; receiver {:?}; requeues {requeues:?}",

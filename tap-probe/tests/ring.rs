@@ -13,6 +13,8 @@ use std::time::Duration;
 use tap_probe::lab::{self, Backend, Filter, Row, SenderConfig, TapOptions, Watcher};
 use tap_probe::lab::{NamedNetns, RootQdisc, Rtnl, Tap, TunBackpressure, run_in};
 
+use common::{Gate, Oracle};
+
 /// The tap's ring: `tx_queue_len`, the default of a new tap.
 const RING: u64 = 1000;
 
@@ -69,54 +71,62 @@ fn ring_occupancy_follows_what_went_in_and_out() {
     let mut watchers = watch(&ns, "tpr0");
     let sent = send(&ns, &tap, RING + 500);
     assert_eq!(sent.attempted, RING + 500);
-    let check = |rows: &[(Backend, Row)], watchers: &[(Backend, Watcher)], level: u64| {
+    let mut checks = common::Checks::new();
+    let mut check = |rows: &[(Backend, Row)], watchers: &[(Backend, Watcher)], read: u64| {
         for ((backend, row), (_, w)) in rows.iter().zip(watchers) {
-            if !common::exact(*backend, w) {
-                continue;
-            }
+            let gate = Gate::of(*backend, w);
             let c = &row.counters;
             let ring = row.occupancy.expect("a tap's ring is sampled");
             eprintln!("{backend:?}: {c:?}\n{ring:?}");
-            assert_eq!(
+            gate.same(
                 ring.current,
                 Some(c.enqueued - c.consumed),
-                "{backend:?}: the ring holds what went in and was not taken"
+                "the ring holds what went in and was not taken",
             );
-            assert_eq!(ring.current, Some(level), "{backend:?}");
-            assert_eq!(ring.max, RING, "{backend:?}: it filled to its size");
-            assert_eq!(
+            checks.eq(
+                &gate,
+                Oracle::Reader,
+                ring.current,
+                Some(sent.sent - read),
+                "the ring holds what was sent and not read",
+            );
+            checks.eq(&gate, Oracle::Reader, c.consumed, read, "consumed vs reads");
+            gate.same(ring.max, RING, "it filled to its size");
+            gate.same(
                 ring.samples,
                 c.xmit_calls + c.consumed,
-                "{backend:?}: a sample per driver call and take"
+                "a sample per driver call and take",
             );
-            assert_eq!(c.dropped_full_ring, 500, "{backend:?}: {c:?}");
+            checks.eq(
+                &gate,
+                Oracle::Sender,
+                c.dropped_full_ring,
+                sent.enobufs,
+                "ring-full drops vs the sender's ENOBUFS",
+            );
+            gate.same(c.dropped_full_ring, 500, "what did not fit the ring");
         }
-        common::assert_backends_agree(rows, watchers);
+        common::assert_backends_agree(&mut checks, rows, watchers);
     };
     let now = rows(&mut watchers);
-    check(&now, &watchers, RING);
+    check(&now, &watchers, 0);
     read(&tap, 300);
     let now = rows(&mut watchers);
-    check(&now, &watchers, RING - 300);
+    check(&now, &watchers, 300);
     read(&tap, RING - 300);
     let end = rows(&mut watchers);
-    check(&end, &watchers, 0);
+    check(&end, &watchers, RING);
     for ((backend, row), (_, w)) in end.iter().zip(&watchers) {
-        if !common::exact(*backend, w) {
-            continue;
-        }
+        let gate = Gate::of(*backend, w);
         let ring = row.occupancy.unwrap();
         // The produces sample 1 up to the size, the drops the size, the takes walk back
         // down: the ring is seen empty once, after the last take.
-        assert_eq!(
+        gate.same(
             ring.histogram.iter().sum::<u64>(),
             ring.samples,
-            "{backend:?}"
+            "every sample in the histogram",
         );
-        assert_eq!(
-            ring.histogram[0], 1,
-            "{backend:?}: empty again once, at the end"
-        );
+        gate.same(ring.histogram[0], 1, "empty again once, at the end");
     }
     drop(watchers);
     drop(tap);
@@ -142,23 +152,38 @@ fn a_stopped_queue_whose_reader_pauses_is_stuck() {
     let tap = common::tap_with(&ns, "tpst0", qdisc, opts).unwrap();
     let stops = common::stops_instead_of_dropping(&kernel, &tap, qdisc);
     let mut watchers = watch(&ns, "tpst0");
-    send(&ns, &tap, RING + 500);
+    let sent = send(&ns, &tap, RING + 500);
     let first = rows(&mut watchers);
     std::thread::sleep(Duration::from_millis(1200));
     let later = rows(&mut watchers);
+    let mut checks = common::Checks::new();
     for (((backend, row), (_, before)), (_, w)) in later.iter().zip(&first).zip(&watchers) {
-        if !common::exact(*backend, w) {
-            continue;
-        }
+        let gate = Gate::of(*backend, w);
         eprintln!("{backend:?}: stops instead of dropping: {stops}\n{row:#?}");
-        assert!(!before.stuck, "{backend:?}: not stuck before the limit");
-        assert_eq!(row.stuck, stops, "{backend:?}");
-        assert_eq!(row.stopped, stops, "{backend:?}");
+        gate.holds(!before.stuck, "not stuck before the limit");
+        gate.same(row.stuck, stops, "stuck");
+        gate.same(row.stopped, stops, "stopped");
+        checks.eq(
+            &gate,
+            Oracle::Reader,
+            row.counters.consumed,
+            0,
+            "nothing read yet",
+        );
         if stops {
-            assert_eq!(row.counters.consumed, 0, "{backend:?}");
-            assert_eq!(row.counters.dropped_full_ring, 0, "{backend:?}");
+            gate.same(row.counters.dropped_full_ring, 0, "no ring drop");
         } else {
-            assert_eq!(row.counters.dropped_full_ring, 500, "{backend:?}");
+            // The qdisc took every frame (the sender saw no drop): the ring dropped what
+            // did not fit, counted by the device.
+            assert_eq!(sent.enobufs, 0, "{sent:?}");
+            checks.eq(
+                &gate,
+                Oracle::DeviceStats,
+                row.counters.dropped_full_ring,
+                row.kernel.tx_dropped,
+                "ring-full drops vs kernel tx_dropped",
+            );
+            gate.same(row.counters.dropped_full_ring, 500, "beyond the ring");
         }
     }
     // The reader comes back: the queue wakes and is no longer stuck.
@@ -167,18 +192,23 @@ fn a_stopped_queue_whose_reader_pauses_is_stuck() {
     assert_eq!(drained, RING + if stops { 500 } else { 0 });
     let end = rows(&mut watchers);
     for ((backend, row), (_, w)) in end.iter().zip(&watchers) {
-        if !common::exact(*backend, w) {
-            continue;
-        }
-        assert!(!row.stuck, "{backend:?}: {row:?}");
-        assert!(!row.stopped, "{backend:?}");
-        assert_eq!(
-            row.counters.queue_stops, row.counters.queue_wakes,
-            "{backend:?}"
+        let gate = Gate::of(*backend, w);
+        gate.holds(!row.stuck, format!("{row:?}"));
+        gate.holds(!row.stopped, "stopped");
+        gate.same(
+            row.counters.queue_stops,
+            row.counters.queue_wakes,
+            "every stop woken",
         );
-        assert_eq!(row.counters.consumed, drained, "{backend:?}");
+        checks.eq(
+            &gate,
+            Oracle::Reader,
+            row.counters.consumed,
+            drained,
+            "consumed vs reads",
+        );
     }
-    common::assert_backends_agree(&end, &watchers);
+    common::assert_backends_agree(&mut checks, &end, &watchers);
     drop(watchers);
     drop(tap);
     drop(ns);
@@ -219,29 +249,34 @@ fn a_ring_without_room_stalls_only_the_posted_series() {
     assert_eq!(sent.attempted, FRAMES);
     std::thread::sleep(Duration::from_millis(1200));
     let end = rows(&mut watchers);
+    let mut checks = common::Checks::new();
     for ((backend, row), (_, w)) in end.iter().zip(&watchers) {
         eprintln!("{backend:?}: {mode:?}\n{row:#?}");
-        if !common::exact(*backend, w) {
-            continue;
-        }
+        let gate = Gate::of(*backend, w);
         let c = &row.counters;
-        assert_eq!(row.stuck, stalls, "{backend:?}");
-        assert_eq!(c.enqueued, 0, "{backend:?}: a ring of size 0 takes nothing");
+        gate.same(row.stuck, stalls, "stuck");
+        gate.same(c.enqueued, 0, "a ring of size 0 takes nothing");
         if stalls {
             // The first packet found no room and went back (busy); the queue stopped and
             // the qdisc holds the rest.
-            assert_eq!(c.xmit_calls, 1, "{backend:?}");
-            assert_eq!(c.busy, 1, "{backend:?}");
-            assert_eq!(c.queue_stops, 1, "{backend:?}");
-            assert_eq!(c.queue_wakes, 0, "{backend:?}");
-            assert!(row.stopped, "{backend:?}");
+            gate.same(c.xmit_calls, 1, "one driver call");
+            gate.same(c.busy, 1, "busy");
+            gate.same(c.queue_stops, 1, "stops");
+            gate.same(c.queue_wakes, 0, "wakes");
+            gate.holds(row.stopped, "stopped");
         } else {
-            assert_eq!(c.dropped_full_ring, FRAMES, "{backend:?}");
-            assert_eq!(c.queue_stops, 0, "{backend:?}");
+            checks.eq(
+                &gate,
+                Oracle::Sender,
+                c.dropped_full_ring,
+                sent.attempted,
+                "every frame dropped at the ring",
+            );
+            gate.same(c.queue_stops, 0, "no stop");
         }
-        assert_eq!(row.occupancy.unwrap().max, 0, "{backend:?}");
+        gate.same(row.occupancy.unwrap().max, 0, "never anything in the ring");
     }
-    common::assert_backends_agree(&end, &watchers);
+    common::assert_backends_agree(&mut checks, &end, &watchers);
     drop(watchers);
     drop(tap);
     drop(ns);

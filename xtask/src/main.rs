@@ -5,9 +5,11 @@
 mod bench;
 mod cmd;
 mod demo;
+mod expected;
+mod output;
 mod seed_tun;
 mod setup;
-mod skips;
+mod suite;
 mod test;
 mod vm;
 
@@ -29,8 +31,9 @@ struct Cli {
 enum Command {
     /// Install what building and testing need (idempotent; quick when all is present).
     Setup(setup::Args),
-    /// Run setup, then fmt, clippy, unit tests and the privileged tests (on the host, then
-    /// in a VM).
+    /// Run setup, fmt, one build, clippy, the unit tests, a fuzz smoke run, the privileged
+    /// tests on this host and the kernel-dependent ones in three guests; check each kernel
+    /// against `xtask/expected.toml`.
     Test(test::Args),
     /// Build tap-probe and run `tap-probe demo`.
     Demo(demo::Args),

@@ -1,7 +1,8 @@
 //! `cargo xtask seed-tun`: the tail-drop fix as posted to netdev (v8 4/4 with v9 1/4), built
 //! as a `tun.ko` for Debian's newest 6.12 cloud kernel, the one `--kernel debian-6.12`
 //! boots, from Debian's own packages and the patch in `xtask/seed-tun/`. Prints the module's
-//! path as its last line.
+//! path as its last line. The module is kept in the kernel cache under a key of its inputs,
+//! so a later run finds it built.
 //!
 //! Out of tree, against the kernel's headers package: the arch headers, the common headers
 //! and kbuild are unpacked into one root (their `scripts` and `tools` are relative links into
@@ -38,7 +39,8 @@ pub(crate) fn run(_args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the module (or finds it built for the current newest 6.12) and returns its path.
+/// Builds the module (or finds it built, in the cache, from the same patch, source and
+/// headers) and returns its path.
 ///
 /// # Errors
 /// If a package cannot be had or the build fails.
@@ -59,39 +61,7 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
     let sys = work.join("sys");
     let headers = sys.join("usr/src").join(format!("linux-headers-{release}"));
     if !sys.join(COMPLETE).exists() {
-        let staging = work.join("sys.partial");
-        remove_dir(&staging)?;
-        std::fs::create_dir_all(&staging)
-            .with_context(|| format!("creating {}", staging.display()))?;
-        for package in [
-            format!("linux-headers-{release}"),
-            format!("linux-headers-{abi}-common"),
-            format!("linux-kbuild-{abi}"),
-        ] {
-            apt.require(&package, &version)?;
-            let deb = apt.download(&package, &version, &debs)?;
-            tap_probe_guest::apt::unpack(&deb, &staging)?;
-        }
-        // `include /usr/src/linux-headers-ABI-common/Makefile`: the installed location.
-        let makefile = staging
-            .join("usr/src")
-            .join(format!("linux-headers-{release}"))
-            .join("Makefile");
-        let text = std::fs::read_to_string(&makefile)
-            .with_context(|| format!("reading {}", makefile.display()))?;
-        let root = sys.to_str().context("the cache path is not UTF-8")?;
-        let repointed = text.replace("include /usr/src/", &format!("include {root}/usr/src/"));
-        if repointed == text {
-            bail!(
-                "{} does not include the common headers from /usr/src",
-                makefile.display()
-            );
-        }
-        std::fs::write(&makefile, repointed)?;
-        remove_dir(&sys)?;
-        std::fs::rename(&staging, &sys)
-            .with_context(|| format!("moving {} to {}", staging.display(), sys.display()))?;
-        std::fs::write(sys.join(COMPLETE), "")?;
+        unpack_headers(&apt, &abi, &version, &work, &debs)?;
     }
 
     let source = work.join("tun.c");
@@ -99,6 +69,23 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
         apt.require("linux-source-6.12", &version)?;
         let deb = apt.download("linux-source-6.12", &version, &debs)?;
         extract_tun_c(&deb, &work, &source)?;
+    }
+
+    // The module is a function of the patch, the source and the headers it is built
+    // against (named by the release and Debian's version): kept in the cache under a key
+    // of those, built once.
+    let patch = std::fs::read(cmd::workspace_root().join(PATCH))
+        .with_context(|| format!("reading {PATCH}"))?;
+    let tun_c = std::fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
+    let key = fnv1a(&[&patch, &tun_c, release.as_bytes(), version.as_bytes()]);
+    let cached = work.join(format!("tun-{key:016x}.ko"));
+    if cached.exists() {
+        check(&cached, &release)?;
+        eprintln!(
+            "xtask seed-tun: tun.ko for {release} (Debian {version}), built before: {}",
+            cached.display()
+        );
+        return Ok(cached);
     }
 
     let build = cmd::target_dir().join("seed-tun").join(&abi);
@@ -126,11 +113,83 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
     .context("building tun.ko (needs gcc, make and pahole: cargo xtask setup installs them)")?;
     let module = build.join("tun.ko");
     check(&module, &release)?;
+    // Copied, then renamed: a run that dies half way leaves no module under the key.
+    let partial = work.join("tun.ko.partial");
+    std::fs::copy(&module, &partial)
+        .with_context(|| format!("copying {} into the cache", module.display()))?;
+    std::fs::rename(&partial, &cached)
+        .with_context(|| format!("moving {} to {}", partial.display(), cached.display()))?;
     eprintln!(
         "xtask seed-tun: tun.ko for {release} (Debian {version}) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    Ok(module)
+    Ok(cached)
+}
+
+/// FNV-1a over `parts`, each followed by its length (so that moving bytes from one part to
+/// the next changes the key): a cache key that stays the same from one build of xtask to
+/// the next, which `std`'s hashers do not promise.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    for part in parts {
+        for byte in part
+            .iter()
+            .copied()
+            .chain((part.len() as u64).to_le_bytes())
+        {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    }
+    hash
+}
+
+/// Unpacks the headers and kbuild of 6.12 `abi` into `work/sys`, with the arch headers'
+/// `Makefile` pointed at the common headers there.
+fn unpack_headers(
+    apt: &Apt,
+    abi: &str,
+    version: &str,
+    work: &Path,
+    debs: &Path,
+) -> anyhow::Result<()> {
+    let release = format!("{abi}-cloud-amd64");
+    let sys = work.join("sys");
+    let staging = work.join("sys.partial");
+    remove_dir(&staging)?;
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    for package in [
+        format!("linux-headers-{release}"),
+        format!("linux-headers-{abi}-common"),
+        format!("linux-kbuild-{abi}"),
+    ] {
+        apt.require(&package, version)?;
+        let deb = apt.download(&package, version, debs)?;
+        tap_probe_guest::apt::unpack(&deb, &staging)?;
+    }
+    // `include /usr/src/linux-headers-ABI-common/Makefile`: the installed location.
+    let makefile = staging
+        .join("usr/src")
+        .join(format!("linux-headers-{release}"))
+        .join("Makefile");
+    let text = std::fs::read_to_string(&makefile)
+        .with_context(|| format!("reading {}", makefile.display()))?;
+    let root = sys.to_str().context("the cache path is not UTF-8")?;
+    let repointed = text.replace("include /usr/src/", &format!("include {root}/usr/src/"));
+    if repointed == text {
+        bail!(
+            "{} does not include the common headers from /usr/src",
+            makefile.display()
+        );
+    }
+    std::fs::write(&makefile, repointed)?;
+    remove_dir(&sys)?;
+    std::fs::rename(&staging, &sys)
+        .with_context(|| format!("moving {} to {}", staging.display(), sys.display()))?;
+    std::fs::write(sys.join(COMPLETE), "")?;
+    Ok(())
 }
 
 /// Streams `drivers/net/tun.c` out of the source package's tarball into `out`, without
@@ -228,5 +287,18 @@ fn remove_dir(dir: &Path) -> anyhow::Result<()> {
             Err(err).with_context(|| format!("removing {}", dir.display()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_keys_are_stable_and_tell_parts_apart() {
+        // No parts: the offset basis, untouched.
+        assert_eq!(fnv1a(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"ab", b"c"]));
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
     }
 }

@@ -1,15 +1,20 @@
 //! `cargo xtask test`: the whole test pipeline, as CI runs it. Stages run in order and the
-//! first failure stops the run.
+//! first failure stops the run; the summary at the end gives each stage's time, and per
+//! kernel (the host, each guest) the tests that skipped themselves or ran again and the
+//! checks they made against which oracle. The run fails where a kernel did otherwise than
+//! `xtask/expected.toml` says.
 
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
-use std::time::Duration;
-
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use tap_probe_guest::{AccelChoice, KernelSpec, Series};
 
-use crate::skips::{self, Skip};
-use crate::{cmd, setup, vm};
+use crate::expected::{self, Expected};
+use crate::output::Output;
+use crate::suite::{self, Kind, Suite};
+use crate::vm::{self, GuestRun};
+use crate::{cmd, setup};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -22,84 +27,81 @@ pub(crate) struct Args {
     no_vm: bool,
 }
 
-impl Args {
-    /// The stages these flags skip, each with the flag that skips it.
-    fn skipped(&self) -> Vec<(&'static str, &'static str)> {
-        let mut skipped = Vec::new();
-        if self.no_privileged {
-            skipped.push(("privileged-tests", "--no-privileged"));
-        }
-        if self.no_vm {
-            skipped.push(("vm-fallback", "--no-vm"));
-            skipped.push(("vm", "--no-vm"));
-        }
-        skipped
-    }
+/// What the host's test stages found, for the summary.
+#[derive(Default)]
+struct Host {
+    /// What the tests said on this host.
+    said: Output,
+    /// Per host test binary: its label, its `test result:` line and how long it ran.
+    results: Vec<String>,
 }
 
-/// Cargo options of every test build: optimised, with the test profile's debug assertions
-/// and overflow checks kept. Under emulation unoptimised code made the guest suite four times
-/// slower; the unit tests, the privileged tests and the guests' test binaries share this one
-/// build.
-pub(crate) const TEST_PROFILE: &[&str] = &["--config", "profile.dev.opt-level=2"];
-
-/// One stage of the pipeline. It returns the tests that skipped themselves in it, by
-/// where they ran (`host` or a guest's kernel).
-struct Stage {
+/// One stage of the pipeline.
+struct Stage<T> {
     name: &'static str,
-    run: fn() -> anyhow::Result<Skipped>,
+    /// The flag that skips it, if one does.
+    skipped_by: Option<fn(&Args) -> Option<&'static str>>,
+    run: fn(&Suite, &mut T) -> anyhow::Result<()>,
 }
 
-type Skipped = Vec<(String, Vec<Skip>)>;
+/// How long each stage took, or why it did not run.
+type Times = Vec<(&'static str, String)>;
 
-/// A stage without tests of its own to skip.
-fn none(ran: anyhow::Result<()>) -> anyhow::Result<Skipped> {
-    ran.map(|()| Vec::new())
+/// Runs `stages` in order until one fails.
+fn run_stages<T>(
+    stages: &[Stage<T>],
+    args: &Args,
+    suite: &Suite,
+    state: &mut T,
+    times: &mut Times,
+) -> anyhow::Result<()> {
+    for stage in stages {
+        if let Some(flag) = stage.skipped_by.and_then(|by| by(args)) {
+            times.push((stage.name, format!("skipped ({flag})")));
+            continue;
+        }
+        eprintln!("==> xtask test: {}", stage.name);
+        let step = Instant::now();
+        let ran = (stage.run)(suite, state);
+        times.push((stage.name, secs(step.elapsed())));
+        ran.map_err(|err| err.context(format!("stage `{}` failed", stage.name)))?;
+    }
+    Ok(())
 }
 
-/// Runs a `cargo test` command, with each passed test's output shown so that the tests that
-/// skipped themselves can be read from it.
-fn cargo_test(command: &mut std::process::Command) -> anyhow::Result<Skipped> {
-    let lines = cmd::run_collecting(command.arg("--show-output"))?;
-    Ok(vec![("host".to_owned(), skips::read(&lines))])
+/// Before anything else: the machine, the formatting.
+fn prepare() -> anyhow::Result<()> {
+    setup::run(&setup::Args {})?;
+    cmd::run(cmd::cargo().args(["fmt", "--all", "--", "--check"]))
 }
 
-const STAGES: &[Stage] = &[
+/// The host's stages, run beside the guests once the build is there.
+const HOST_STAGES: &[Stage<Host>] = &[
     Stage {
-        name: "setup",
-        run: || none(setup::run(&setup::Args {})),
-    },
-    Stage {
-        name: "fmt",
-        run: || {
-            none(cmd::run(
-                cmd::cargo().args(["fmt", "--all", "--", "--check"]),
-            ))
-        },
-    },
-    Stage {
+        // Same profile and features as the build, so the dependencies' build scripts and
+        // proc macros it compiled serve here too; linting needs no eBPF objects, and
+        // building them again for clippy's own build script run would take longer than
+        // all the rest.
         name: "clippy",
-        run: || {
-            none(cmd::run(cmd::cargo().args([
-                "clippy",
-                "--workspace",
-                "--exclude",
-                "tap-probe-ebpf",
-                "--all-targets",
-                "--features",
-                "tap-probe/privileged-tests",
-                "--",
-                "-D",
-                "warnings",
-            ])))
+        skipped_by: None,
+        run: |_, _| {
+            cmd::run(
+                cmd::cargo()
+                    .env("AYA_BUILD_SKIP", "1")
+                    .arg("clippy")
+                    .args(suite::TEST_PROFILE)
+                    .args(suite::SCOPE)
+                    .args(["--all-targets", "--", "-D", "warnings"]),
+            )
         },
     },
     Stage {
         // The eBPF crate is excluded above: it only builds for the BPF target, with
         // nightly's build-std.
         name: "clippy-ebpf",
-        run: || {
-            none(cmd::run(cmd::cargo().args([
+        skipped_by: None,
+        run: |_, _| {
+            cmd::run(cmd::cargo().args([
                 "+nightly",
                 "clippy",
                 "-p",
@@ -112,61 +114,135 @@ const STAGES: &[Stage] = &[
                 "--",
                 "-D",
                 "warnings",
-            ])))
-        },
-    },
-    Stage {
-        name: "unit-tests",
-        run: || {
-            cargo_test(cmd::cargo().arg("test").args(TEST_PROFILE).args([
-                "--workspace",
-                "--exclude",
-                "tap-probe-ebpf",
-                "--",
             ]))
         },
     },
     Stage {
+        name: "unit-tests",
+        skipped_by: None,
+        run: unit_tests,
+    },
+    Stage {
         name: "fuzz-smoke",
-        run: || none(fuzz_smoke()),
+        skipped_by: None,
+        run: |_, _| fuzz_smoke(),
     },
     Stage {
         name: "privileged-tests",
+        skipped_by: Some(|args| args.no_privileged.then_some("--no-privileged")),
         run: privileged_tests,
-    },
-    Stage {
-        // A guest whose first boot is broken on purpose must come up under TCG: the path
-        // every machine where KVM half-works takes, checked on every machine.
-        name: "vm-fallback",
-        run: || {
-            none(vm::check_fallback(&vm::Guest {
-                kernel: KernelSpec::Debian(Series::Debian6_1),
-                modules: Vec::new(),
-                modules_dir: None,
-            }))
-        },
-    },
-    Stage {
-        // The same tests in guests whose kernels have kprobes and the tail-drop fix (this
-        // host's has neither): Debian 12's 6.1, 6.12 with the fix as posted (`cargo xtask
-        // seed-tun`) and 7.3 with the fix as merged. Needs no root on the host.
-        name: "vm",
-        run: || {
-            vm::run_tests(
-                &vm::matrix()?,
-                &vm::Options {
-                    accel: AccelChoice::Auto,
-                    timeout: Duration::from_mins(20),
-                    quiet: false,
-                    passthrough: Vec::new(),
-                },
-            )
-        },
     },
 ];
 
+/// The guests' stages: they need the build and no root.
+struct Guests<'a> {
+    slots: &'a vm::Slots,
+    runs: Vec<GuestRun>,
+}
+
+/// The guests' stages (a function: they borrow the run's slots).
+fn guest_stages<'a>() -> [Stage<Guests<'a>>; 2] {
+    [
+        Stage {
+            // A guest whose first boot is broken on purpose must come up under TCG: the path
+            // every machine where KVM half-works takes, checked on every machine.
+            name: "vm-fallback",
+            skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
+            run: |_, _| {
+                vm::check_fallback(&vm::Guest {
+                    name: "fallback".to_owned(),
+                    kernel: KernelSpec::Debian(Series::Debian6_1),
+                    modules: Vec::new(),
+                    modules_dir: None,
+                })
+            },
+        },
+        Stage {
+            // The kernel-dependent tests in guests whose kernels have kprobes and the tail-drop
+            // fix (this host's has neither): Debian 12's 6.1, 6.12 with the fix as posted
+            // (`cargo xtask seed-tun`) and 7.3 with the fix as merged.
+            name: "vm",
+            skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
+            run: |suite, guests| {
+                let (runs, ran) = vm::run_tests(
+                    suite,
+                    &vm::matrix()?,
+                    &vm::Options {
+                        accel: AccelChoice::Auto,
+                        timeout: Duration::from_mins(20),
+                        quiet: true,
+                        slots: guests.slots,
+                        passthrough: Vec::new(),
+                    },
+                );
+                guests.runs = runs;
+                ran
+            },
+        },
+    ]
+}
+
 /// Seconds the trace reader's fuzz target runs in the pipeline.
 const FUZZ_SMOKE_SECS: u32 = 20;
+
+/// Every unit test and every test that needs no root, all tests of a binary in parallel;
+/// the lib's privileged ones wait for their stage. Then the doc tests, which only cargo
+/// builds.
+fn unit_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
+    let mut ran = Vec::new();
+    for binary in &suite.binaries {
+        match binary.kind {
+            Kind::Privileged => {}
+            Kind::Plain => ran.push(suite::run(binary, &[])?),
+            Kind::Unit => ran.push(suite::run(binary, &["--skip", suite::PRIVILEGED_MODULES])?),
+        }
+    }
+    cmd::run(
+        cmd::cargo()
+            .arg("test")
+            .args(suite::TEST_PROFILE)
+            .args(suite::SCOPE)
+            .arg("--doc"),
+    )?;
+    record(host, ran);
+    Ok(())
+}
+
+/// The privileged tests on this host, one at a time: they share the host's tracepoints
+/// and tracefs.
+fn privileged_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
+    if !cmd::is_root() {
+        bail!(
+            "the privileged tests create network namespaces and load eBPF programs: run as \
+             root, or pass --no-privileged to skip them"
+        );
+    }
+    let mut ran = Vec::new();
+    for binary in &suite.binaries {
+        match binary.kind {
+            Kind::Privileged => ran.push(suite::run(binary, &["--test-threads=1"])?),
+            Kind::Unit if binary.for_guests() => ran.push(suite::run(
+                binary,
+                &[suite::PRIVILEGED_MODULES, "--test-threads=1"],
+            )?),
+            Kind::Unit | Kind::Plain => {}
+        }
+    }
+    record(host, ran);
+    Ok(())
+}
+
+fn record(host: &mut Host, ran: Vec<suite::Ran>) {
+    for binary in ran {
+        host.results.push(format!(
+            "{}: {} ({:.1} s)",
+            binary.label,
+            binary.result,
+            binary.took.as_secs_f64()
+        ));
+        host.said.extend(binary.said);
+    }
+}
 
 /// A short run of the trace reader's fuzz target (`tap-probe/fuzz`): libFuzzer needs
 /// nightly and cargo-fuzz, installed here when missing. The committed seeds are a starting
@@ -191,88 +267,154 @@ fn fuzz_smoke() -> anyhow::Result<()> {
     )
 }
 
-fn privileged_tests() -> anyhow::Result<Skipped> {
-    if !cmd::is_root() {
-        bail!(
-            "the privileged tests create network namespaces and load eBPF programs: run as \
-             root, or pass --no-privileged to skip them"
-        );
-    }
-    // One at a time: they share the host's tracepoints and tracefs.
-    cargo_test(cmd::cargo().arg("test").args(TEST_PROFILE).args([
-        "-p",
-        "tap-probe",
-        "--features",
-        "privileged-tests",
-        "--",
-        "--test-threads=1",
-    ]))
-}
-
 /// Runs `cargo xtask test`.
 ///
 /// # Errors
-/// The first stage that fails.
+/// The first stage that fails, or a kernel that did otherwise than expected.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let skipped = args.skipped();
-    let mut passed = Vec::new();
-    let mut tests_skipped = Vec::new();
-    for stage in STAGES {
-        if skipped.iter().any(|(name, _)| *name == stage.name) {
-            continue;
+    let started = Instant::now();
+    let mut times: Times = Vec::new();
+    let step = Instant::now();
+    eprintln!("==> xtask test: setup, fmt");
+    prepare()?;
+    times.push(("setup+fmt", secs(step.elapsed())));
+    eprintln!("==> xtask test: build");
+    let step = Instant::now();
+    let suite = suite::build().context("stage `build` failed")?;
+    times.push(("build", secs(step.elapsed())));
+
+    // The guests start as soon as the build is there, one at a time while the host's
+    // stages run (a guest's emulation takes one CPU whole, and the privileged tests time
+    // traffic on the host), then as many as there are CPUs.
+    let slots = vm::Slots::new(1);
+    let mut host = Host::default();
+    let mut guests = Guests {
+        slots: &slots,
+        runs: Vec::new(),
+    };
+    let mut host_times = Times::new();
+    let mut guest_times = Times::new();
+    let (host_ran, guests_ran) = std::thread::scope(|scope| {
+        let guest_lane = scope.spawn(|| {
+            let lane = Instant::now();
+            let ran = run_stages(&guest_stages(), args, &suite, &mut guests, &mut guest_times);
+            guest_times.push(("guests (in all)", secs(lane.elapsed())));
+            ran
+        });
+        let lane = Instant::now();
+        let host_ran = run_stages(HOST_STAGES, args, &suite, &mut host, &mut host_times);
+        host_times.push(("host (in all)", secs(lane.elapsed())));
+        if host_ran.is_err() {
+            slots.close();
+        } else {
+            slots.allow(vm::Slots::cpus());
         }
-        eprintln!("==> xtask test: {}", stage.name);
-        match (stage.run)() {
-            Ok(skips) => tests_skipped.extend(
-                skips
-                    .into_iter()
-                    .map(|(place, skips)| (stage.name, place, skips)),
-            ),
-            Err(err) => {
-                eprintln!(
-                    "{}",
-                    summary(&passed, Some(stage.name), &skipped, &tests_skipped)
-                );
-                return Err(err.context(format!("stage `{}` failed", stage.name)));
-            }
-        }
-        passed.push(stage.name);
+        let guests_ran = guest_lane.join().expect("the guests' lane panicked");
+        (host_ran, guests_ran)
+    });
+    times.extend(host_times);
+    times.extend(guest_times);
+    let report = Report {
+        host: &host,
+        guests: &guests.runs,
+        times: &times,
+        took: started.elapsed(),
+    };
+    if let Err(err) = host_ran.and(guests_ran) {
+        eprintln!("{}", report.summary(&[]));
+        return Err(err);
     }
-    println!("{}", summary(&passed, None, &skipped, &tests_skipped));
+    let problems = check_expectations(args, &host, &guests.runs)?;
+    println!("{}", report.summary(&problems));
+    if !problems.is_empty() {
+        bail!(
+            "{} thing(s) not as {} expects (see above)",
+            problems.len(),
+            expected::FILE
+        );
+    }
     Ok(())
 }
 
-fn summary(
-    passed: &[&str],
-    failed: Option<&str>,
-    skipped: &[(&str, &str)],
-    tests_skipped: &[(&str, String, Vec<Skip>)],
-) -> String {
-    let mut line = format!("xtask test: stages passed: {}", list(passed));
-    if let Some(failed) = failed {
-        line.push_str("; stage failed: ");
-        line.push_str(failed);
-    }
-    for (name, flag) in skipped {
-        let _ = write!(line, "; {name} skipped ({flag})");
-    }
-    let count: usize = tests_skipped.iter().map(|(_, _, s)| s.len()).sum();
-    let _ = write!(
-        line,
-        "\nxtask test: tests that skipped (part of) themselves: {count}"
-    );
-    for (stage, place, skips) in tests_skipped {
-        for skip in skips {
-            let _ = write!(line, "\n  {stage} on {place}: {skip}");
+/// What each kernel did otherwise than expected: the host (where its privileged tests ran:
+/// its unit tests alone show nothing of the kernel) and every guest.
+fn check_expectations(
+    args: &Args,
+    host: &Host,
+    guests: &[GuestRun],
+) -> anyhow::Result<Vec<String>> {
+    let expected = Expected::load()?;
+    let mut problems = Vec::new();
+    if !args.no_privileged {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+        let kernel = expected.of(expected::HOST, release.trim())?;
+        for problem in kernel.problems(&host.said) {
+            problems.push(format!("host: {problem}"));
         }
     }
-    line
+    for guest in guests {
+        let kernel = expected.of(&guest.name, &guest.release)?;
+        for problem in kernel.problems(&guest.said) {
+            problems.push(format!("{}: {problem}", guest.name));
+        }
+    }
+    Ok(problems)
 }
 
-fn list(names: &[&str]) -> String {
-    if names.is_empty() {
-        "none".to_owned()
-    } else {
-        names.join(", ")
+fn secs(took: Duration) -> String {
+    format!("{:.0} s", took.as_secs_f64())
+}
+
+/// What the summary at the end is made of.
+struct Report<'a> {
+    host: &'a Host,
+    guests: &'a [GuestRun],
+    times: &'a Times,
+    took: Duration,
+}
+
+impl Report<'_> {
+    fn summary(&self, problems: &[String]) -> String {
+        let mut out = String::from("xtask test: host test binaries:");
+        for line in &self.host.results {
+            let _ = write!(out, "\n  {line}");
+        }
+        let _ = write!(out, "\nxtask test: on the host:");
+        for skip in &self.host.said.skips {
+            let _ = write!(out, "\n    skipped: {skip}");
+        }
+        for retry in &self.host.said.retries {
+            let _ = write!(out, "\n    retried: {retry}");
+        }
+        out.push_str(&expected::tally_lines(&self.host.said));
+        for guest in self.guests {
+            let _ = write!(out, "\n{}", guest.report());
+        }
+        if !problems.is_empty() {
+            let _ = write!(out, "\nxtask test: not as {} expects:", expected::FILE);
+            for problem in problems {
+                let _ = write!(out, "\n  {problem}");
+            }
+        }
+        let stages: Vec<String> = self
+            .times
+            .iter()
+            .map(|(name, time)| format!("{name} {time}"))
+            .collect();
+        let guests: Vec<String> = self
+            .guests
+            .iter()
+            .map(|g| format!("{} {}", g.name, secs(g.took)))
+            .collect();
+        let _ = write!(
+            out,
+            "\nxtask test: stage times (host and guest stages run side by side): {}",
+            stages.join(", ")
+        );
+        if !guests.is_empty() {
+            let _ = write!(out, "\nxtask test: guest times: {}", guests.join(", "));
+        }
+        let _ = write!(out, "\nxtask test: total {}", secs(self.took));
+        out
     }
 }

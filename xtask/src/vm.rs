@@ -1,10 +1,13 @@
-//! `cargo xtask vm`: the privileged tests inside QEMU guests, one per kernel of the matrix
-//! (this host's kernel has neither kprobes nor the tail-drop fix; the guests have both).
+//! `cargo xtask vm`: the kernel-dependent tests inside QEMU guests, one per kernel of the
+//! matrix (this host's kernel has neither kprobes nor the tail-drop fix; the guests have
+//! both), side by side as far as the host's CPUs go: each emulated guest runs on one host
+//! thread.
 //!
 //! The guest machinery is `tap-probe-guest`'s, the same `tap-probe vm` uses: the test
-//! binaries (built for this host; dynamic ones bring their libraries), `tap-probe` at the
-//! path the integration tests baked in, and the host's `ip`, `tc` and `setpriv` go into the
-//! initramfs; the init runs `tap-probe doctor` and then each test binary under a timeout.
+//! binaries of the suite's one build (dynamic ones bring their libraries), `tap-probe` at
+//! the path the integration tests baked in, and the host's `ip`, `tc` and `setpriv` go into
+//! the initramfs; the init runs `tap-probe doctor` and then, binary by binary, the tests
+//! whose outcome depends on the kernel (see [`crate::suite`]), each under a timeout.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -15,11 +18,14 @@ use tap_probe_guest::image::sh_quote;
 use tap_probe_guest::{AccelChoice, Image, Kernel, KernelSpec, Launcher, Series, Verdict, launch};
 
 use crate::cmd;
-use crate::skips::{self, Skip};
+use crate::expected::Expected;
+use crate::output::{self, Output};
+use crate::suite::{self, Suite};
 
 /// Host tools (copied in with their libraries) the tests run: some lib tests check the
-/// rtnetlink code against `ip -j` and `tc -j`, which busybox's applets cannot print;
-/// `watch_cli` drops privileges with util-linux's `setpriv --reuid`.
+/// rtnetlink code against `ip -j` and `tc -j`, which busybox's applets cannot print, and a
+/// test reads the kernel's figures a second way through `ip netns exec`; `watch_cli` drops
+/// privileges with util-linux's `setpriv --reuid`.
 const HOST_TOOLS: &[&str] = &["/usr/sbin/ip", "/usr/sbin/tc", "/usr/bin/setpriv"];
 
 /// Each test binary still running after this long is ended, so one hung test fails its
@@ -52,6 +58,10 @@ pub(crate) struct Args {
     /// `<target>/vm/<kernel>/console.log`).
     #[arg(long)]
     quiet: bool,
+    /// Guests to run at once [default: as many as the host has CPUs; each emulated guest
+    /// runs on one host thread].
+    #[arg(long)]
+    jobs: Option<usize>,
     /// Arguments for every test binary, after `--`: a name filter, `--exact`, `--skip X`.
     #[arg(last = true)]
     passthrough: Vec<String>,
@@ -60,6 +70,9 @@ pub(crate) struct Args {
 /// One guest of a test run: a kernel and the modules that replace its own.
 #[derive(Debug, Clone)]
 pub(crate) struct Guest {
+    /// What the summary calls it; for a guest of the matrix, also where its expectations
+    /// are kept in `xtask/expected.toml`.
+    pub name: String,
     pub kernel: KernelSpec,
     pub modules: Vec<PathBuf>,
     /// With a bzImage: its modules.
@@ -69,34 +82,60 @@ pub(crate) struct Guest {
 /// Runs `cargo xtask vm`.
 ///
 /// # Errors
-/// If a kernel cannot be found, the binaries cannot be built, QEMU cannot be run, or a
-/// guest does not report success.
+/// If a kernel cannot be found, the binaries cannot be built, QEMU cannot be run, a guest
+/// does not report success, or a run of the whole matrix is not as `expected.toml` says.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    let guests = if args.kernels.is_empty() {
+    let whole_matrix = args.kernels.is_empty();
+    let guests = if whole_matrix {
         matrix()?
     } else {
         args.kernels
             .iter()
             .map(|kernel| Guest {
+                name: kernel.to_string(),
                 kernel: kernel.clone(),
                 modules: args.modules.clone(),
                 modules_dir: args.modules_dir.clone(),
             })
             .collect()
     };
-    let skipped = run_tests(
+    let suite = suite::build()?;
+    let slots = Slots::new(args.jobs.unwrap_or_else(Slots::cpus));
+    let (ran, result) = run_tests(
+        &suite,
         &guests,
         &Options {
             accel: args.accel,
             timeout: Duration::from_secs(args.timeout),
             quiet: args.quiet,
+            slots: &slots,
             passthrough: args.passthrough.clone(),
         },
-    )?;
-    for (kernel, skips) in skipped {
-        for skip in skips {
-            println!("xtask vm: skipped on {kernel}: {skip}");
+    );
+    for guest in &ran {
+        println!("{}", guest.report());
+    }
+    result?;
+    // Expectations hold for the whole suite on the matrix; a filter or another kernel only
+    // reports.
+    let expected = (whole_matrix && args.passthrough.is_empty())
+        .then(Expected::load)
+        .transpose()?;
+    let mut problems = Vec::new();
+    for guest in &ran {
+        if let Some(expected) = &expected {
+            let kernel = expected.of(&guest.name, &guest.release)?;
+            for problem in kernel.problems(&guest.said) {
+                problems.push(format!("{}: {problem}", guest.name));
+            }
         }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "not as {} expects:\n  {}",
+            crate::expected::FILE,
+            problems.join("\n  ")
+        );
     }
     Ok(())
 }
@@ -109,108 +148,318 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 /// # Errors
 /// If the 6.12 module cannot be built.
 pub(crate) fn matrix() -> anyhow::Result<Vec<Guest>> {
-    let guest = |series, modules| Guest {
+    let guest = |name: &str, series, modules| Guest {
+        name: name.to_owned(),
         kernel: KernelSpec::Debian(series),
         modules,
         modules_dir: None,
     };
     Ok(vec![
-        guest(Series::Debian6_1, Vec::new()),
-        guest(Series::Debian6_12, vec![crate::seed_tun::build()?]),
-        guest(Series::Debian7_3, Vec::new()),
+        guest("debian-6.1", Series::Debian6_1, Vec::new()),
+        guest(
+            "debian-6.12+seed-tun",
+            Series::Debian6_12,
+            vec![crate::seed_tun::build()?],
+        ),
+        guest("debian-7.3", Series::Debian7_3, Vec::new()),
     ])
 }
 
 /// How to run the tests in guests.
 #[derive(Debug)]
-pub(crate) struct Options {
+pub(crate) struct Options<'a> {
     pub accel: AccelChoice,
     pub timeout: Duration,
     pub quiet: bool,
+    /// How many guests may run at once.
+    pub slots: &'a Slots,
     pub passthrough: Vec<String>,
 }
 
-/// Runs the privileged tests in one guest per entry of `guests`, in turn, and fails if any
-/// guest does not report success (after running them all). Returns, per guest kernel, the
-/// tests that skipped themselves.
-///
-/// # Errors
-/// If the build fails, a kernel cannot be had, or a guest fails.
+/// How many guests may run at once: a number that may grow while they run (when the host
+/// frees a CPU), or drop to none (nothing more starts).
+#[derive(Debug)]
+pub(crate) struct Slots {
+    /// Guests allowed at once, and running now; `None` once closed.
+    state: std::sync::Mutex<Option<(usize, usize)>>,
+    changed: std::sync::Condvar,
+}
+
+impl Slots {
+    pub(crate) fn new(allowed: usize) -> Self {
+        Self {
+            state: std::sync::Mutex::new(Some((allowed.max(1), 0))),
+            changed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// As many as the host has CPUs: an emulated guest runs on one host thread.
+    pub(crate) fn cpus() -> usize {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    }
+
+    /// Lets `allowed` guests run at once from now on.
+    pub(crate) fn allow(&self, allowed: usize) {
+        let mut state = self.state.lock().expect("the slots' lock");
+        if let Some((now, _)) = state.as_mut() {
+            *now = allowed.max(1);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Lets no more guests start.
+    pub(crate) fn close(&self) {
+        *self.state.lock().expect("the slots' lock") = None;
+        self.changed.notify_all();
+    }
+
+    /// Waits for a free slot and takes it; `false` once closed.
+    fn take(&self) -> bool {
+        let mut state = self.state.lock().expect("the slots' lock");
+        loop {
+            match state.as_mut() {
+                None => return false,
+                Some((allowed, running)) if *running < *allowed => {
+                    *running += 1;
+                    return true;
+                }
+                Some(_) => state = self.changed.wait(state).expect("the slots' lock"),
+            }
+        }
+    }
+
+    fn give_back(&self) {
+        if let Some((_, running)) = self.state.lock().expect("the slots' lock").as_mut() {
+            *running -= 1;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// What one guest ran and said.
+#[derive(Debug)]
+pub(crate) struct GuestRun {
+    pub name: String,
+    /// Its kernel's release.
+    pub release: String,
+    pub said: Output,
+    /// Per test binary: its `test result:` line, failed tests and init lines that report a
+    /// failure.
+    pub results: String,
+    /// Where its time went.
+    pub times: String,
+    pub took: Duration,
+}
+
+impl GuestRun {
+    /// Its results, skips, retries and oracle checks, for the summary.
+    pub(crate) fn report(&self) -> String {
+        let mut out = format!(
+            "xtask vm: {} ({}), {:.0} s:{}",
+            self.name,
+            self.release,
+            self.took.as_secs_f64(),
+            self.results
+        );
+        for skip in &self.said.skips {
+            let _ = write!(out, "\n    skipped: {skip}");
+        }
+        for retry in &self.said.retries {
+            let _ = write!(out, "\n    retried: {retry}");
+        }
+        out.push_str(&crate::expected::tally_lines(&self.said));
+        out
+    }
+}
+
+/// A guest ready to boot.
+struct Prepared {
+    guest: Guest,
+    kernel: Kernel,
+    image: Image,
+    dir: PathBuf,
+    prepare_time: Duration,
+}
+
+/// Runs the kernel-dependent tests of `suite` in one guest per entry of `guests`, as many
+/// at once as [`Options::slots`] allow, the longest first (the matrix lists them oldest
+/// first). Returns what each guest that ran said, also when one failed, and whether all
+/// succeeded.
 pub(crate) fn run_tests(
+    suite: &Suite,
     guests: &[Guest],
     options: &Options,
-) -> anyhow::Result<Vec<(String, Vec<Skip>)>> {
+) -> (Vec<GuestRun>, anyhow::Result<()>) {
+    let mut runs = Vec::new();
+    let ran = run_all(suite, guests, options, &mut runs);
+    (runs, ran)
+}
+
+/// [`run_tests`], putting each guest's run into `runs`.
+///
+/// # Errors
+/// If a kernel cannot be had, QEMU cannot be run, a guest fails (after running them all),
+/// or the slots closed before every guest ran.
+fn run_all(
+    suite: &Suite,
+    guests: &[Guest],
+    options: &Options,
+    runs: &mut Vec<GuestRun>,
+) -> anyhow::Result<()> {
     let started = Instant::now();
-    let step = Instant::now();
-    let binaries = build_tests()?;
-    let build_time = step.elapsed();
-    let mut launcher = Launcher::new(options.accel, "xtask vm");
-    let mut failures = Vec::new();
-    let mut times = Vec::new();
-    let mut skipped = Vec::new();
+    let payload = Payload::select(suite, &options.passthrough)?;
+    // One after another: they share apt's cache and the kernels'.
+    let mut prepared = Vec::new();
     for guest in guests {
         let step = Instant::now();
         let (kernel, modules) = prepare(guest)?;
-        let name = kernel.release.clone();
         let dir = guest_dir(&kernel);
         let mut image = Image::new(&kernel.release, modules, &dir.join("scratch"))?;
-        tests_payload(&mut image, &binaries, &options.passthrough)?;
-        let prepare_time = step.elapsed();
-        let quiet = options.quiet;
-        let mut echo = |line: &str| {
-            if !quiet {
-                println!("{line}");
-            }
-        };
-        eprintln!(
-            "==> xtask vm: tests on {} ({})",
-            kernel.release, kernel.origin
-        );
-        let ran = tap_probe_guest::boot(
-            &mut launcher,
-            tap_probe_guest::Boot {
-                kernel: &kernel,
-                image,
-                dir: &dir,
-                cpus: 2,
-                memory_mib: 2048,
-                timeout: options.timeout,
-                echo: &mut echo,
-                stdout: None,
-                collect_into: None,
-            },
-        )?;
-        let outcome = &ran.booted.outcome;
-        if quiet && outcome.verdict != Verdict::Success {
-            for line in &outcome.lines {
-                println!("{line}");
-            }
+        payload.add_to(&mut image, suite)?;
+        prepared.push(Prepared {
+            guest: guest.clone(),
+            kernel,
+            image,
+            dir,
+            prepare_time: step.elapsed(),
+        });
+    }
+    let workers = Slots::cpus().clamp(1, prepared.len().max(1));
+    let alone = prepared.len() == 1;
+    let total = prepared.len();
+    let queue = std::sync::Mutex::new(prepared.into_iter().enumerate().collect::<Vec<_>>());
+    let mut done: Vec<(usize, anyhow::Result<GuestRun>, Option<String>)> = Vec::new();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut ran = Vec::new();
+                    // Each worker decides its own accelerator: where QEMU cannot start KVM at
+                    // all the decision is immediate; elsewhere each guest's first boot tells.
+                    let mut launcher = Launcher::new(options.accel, "xtask vm");
+                    while options.slots.take() {
+                        let next = queue.lock().expect("the queue's lock").pop();
+                        let Some((index, guest)) = next else {
+                            options.slots.give_back();
+                            break;
+                        };
+                        let (result, failure) = boot(&mut launcher, guest, options, alone);
+                        options.slots.give_back();
+                        ran.push((index, result, failure));
+                    }
+                    ran
+                })
+            })
+            .collect();
+        for worker in workers {
+            done.extend(worker.join().expect("a guest worker panicked"));
         }
-        println!("{}", summary(&name, &outcome.lines));
-        skipped.push((name.clone(), skips::read(&outcome.lines)));
-        let line = format!(
-            "{name}: prepare {:.1} s, image {} MiB, {}; console log {}",
-            prepare_time.as_secs_f64(),
-            ran.image_bytes >> 20,
-            ran.booted.times(),
-            ran.log.display()
-        );
-        eprintln!("xtask vm: {line}");
-        times.push(line);
-        if outcome.verdict != Verdict::Success {
-            failures.push(format!("{name}: {}", launch::describe(&outcome.verdict)));
+    });
+    done.sort_by_key(|(index, ..)| *index);
+    let mut failures = Vec::new();
+    let mut errors = Vec::new();
+    let mut times = Vec::new();
+    for (_, result, failure) in done {
+        match result {
+            Ok(run) => {
+                times.push(format!("{}: {}", run.name, run.times));
+                failures.extend(failure);
+                runs.push(run);
+            }
+            Err(err) => errors.push(format!("{err:#}")),
         }
     }
+    if runs.len() + errors.len() < total {
+        failures.push(format!(
+            "{} of {total} guests did not run: the run was stopped",
+            total - runs.len() - errors.len()
+        ));
+    }
+    failures.extend(errors);
     eprintln!(
-        "xtask vm: times: build {:.1} s; {}; all {:.1} s",
-        build_time.as_secs_f64(),
+        "xtask vm: times: {}; all {:.1} s",
         times.join("; "),
         started.elapsed().as_secs_f64()
     );
     if !failures.is_empty() {
         bail!("guests failed: {}", failures.join("; "));
     }
-    Ok(skipped)
+    Ok(())
+}
+
+/// Boots one prepared guest; what it ran, and why it failed if it did.
+fn boot(
+    launcher: &mut Launcher,
+    prepared: Prepared,
+    options: &Options,
+    alone: bool,
+) -> (anyhow::Result<GuestRun>, Option<String>) {
+    let Prepared {
+        guest,
+        kernel,
+        image,
+        dir,
+        prepare_time,
+    } = prepared;
+    let name = guest.name.clone();
+    let quiet = options.quiet;
+    // Alone, a guest's console is echoed as it comes; side by side, only the init's lines,
+    // each with its guest's name (the whole console is printed if the guest fails).
+    let mut echo = |line: &str| {
+        if alone && !quiet {
+            println!("{line}");
+        } else if !quiet && line.starts_with("init: ") {
+            println!("[{name}] {line}");
+        }
+    };
+    eprintln!(
+        "==> xtask vm: tests on {} ({}, {})",
+        name, kernel.release, kernel.origin
+    );
+    let ran = tap_probe_guest::boot(
+        launcher,
+        tap_probe_guest::Boot {
+            kernel: &kernel,
+            image,
+            dir: &dir,
+            cpus: 2,
+            memory_mib: 2048,
+            timeout: options.timeout,
+            echo: &mut echo,
+            stdout: None,
+            collect_into: None,
+        },
+    );
+    let ran = match ran {
+        Ok(ran) => ran,
+        Err(err) => return (Err(err), None),
+    };
+    let outcome = &ran.booted.outcome;
+    let failure = (outcome.verdict != Verdict::Success)
+        .then(|| format!("{name}: {}", launch::describe(&outcome.verdict)));
+    if failure.is_some() && (quiet || !alone) {
+        for line in &outcome.lines {
+            println!("[{name}] {line}");
+        }
+    }
+    let (results, said) = per_binary(&outcome.lines);
+    let times = format!(
+        "prepare {:.1} s, image {} MiB, {}; console log {}",
+        prepare_time.as_secs_f64(),
+        ran.image_bytes >> 20,
+        ran.booted.times(),
+        ran.log.display()
+    );
+    eprintln!("xtask vm: {name}: {times}");
+    let run = GuestRun {
+        name: guest.name,
+        release: kernel.release,
+        said,
+        results,
+        times,
+        took: outcome.elapsed,
+    };
+    (Ok(run), failure)
 }
 
 /// The guest's kernel and the modules to load in it.
@@ -241,85 +490,57 @@ pub(crate) fn prepare(guest: &Guest) -> anyhow::Result<(Kernel, Vec<tap_probe_gu
     Ok((kernel, set.load))
 }
 
-/// What the guest runs, as built for it.
-#[derive(Debug)]
-pub(crate) struct TestBinaries {
-    /// Test executables (the library's unit tests, the binary's, each `tests/*.rs`).
-    tests: Vec<PathBuf>,
-    /// The tap-probe binary the integration tests run: they bake its host path in with
-    /// `env!("CARGO_BIN_EXE_tap-probe")`, so the guest has it at that same path (and as
-    /// `/bin/tap-probe`).
-    tap_probe: PathBuf,
+/// What every guest runs: per test binary of the suite, the tests whose outcome depends on
+/// the kernel, of those the passthrough arguments select.
+struct Payload {
+    /// Index into the suite's binaries, and the tests of it to run.
+    runs: Vec<(usize, Vec<String>)>,
+    /// The passthrough arguments each binary also gets (but `--exact`, which the selection
+    /// already sets).
+    args: Vec<String>,
 }
 
-/// Builds the privileged tests the way the host's privileged stage does, so the build is
-/// shared ([`crate::test::TEST_PROFILE`]).
-fn build_tests() -> anyhow::Result<TestBinaries> {
-    let artifacts = cmd::cargo_artifacts(
-        cmd::cargo()
-            .arg("test")
-            .args(crate::test::TEST_PROFILE)
-            .args([
-                "-p",
-                "tap-probe",
-                "--features",
-                "privileged-tests",
-                "--no-run",
-            ]),
-    )?;
-    let mut tests: Vec<PathBuf> = artifacts
-        .iter()
-        .filter(|artifact| artifact.profile.test)
-        .filter_map(|artifact| artifact.executable.clone().map(Into::into))
-        .collect();
-    // Cargo reports them in build order, which varies; run them in a fixed order.
-    tests.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
-    tests.dedup();
-    if tests.is_empty() {
-        bail!("cargo test --no-run built no test executables");
+impl Payload {
+    fn select(suite: &Suite, passthrough: &[String]) -> anyhow::Result<Self> {
+        let mut runs = Vec::new();
+        for (index, binary) in suite.binaries.iter().enumerate() {
+            if !binary.for_guests() {
+                continue;
+            }
+            let tests = suite::for_guests(binary, passthrough)?;
+            if !tests.is_empty() {
+                runs.push((index, tests));
+            }
+        }
+        if runs.is_empty() {
+            bail!("no test depends on the kernel among those {passthrough:?} selects");
+        }
+        let args = passthrough
+            .iter()
+            .filter(|arg| *arg != "--exact")
+            .cloned()
+            .collect();
+        Ok(Self { runs, args })
     }
-    let tap_probe = artifacts
-        .iter()
-        .filter(|artifact| !artifact.profile.test && artifact.target.name == "tap-probe")
-        .find_map(|artifact| artifact.executable.clone())
-        .context("cargo test built no tap-probe binary")?
-        .into();
-    Ok(TestBinaries { tests, tap_probe })
-}
 
-/// The tests' part of the guest: the binaries, the host tools, and a script that runs
-/// `tap-probe doctor` and then each test binary in turn, one at a time (they share the
-/// guest's tracepoints), with `test_args`.
-fn tests_payload(
-    image: &mut Image,
-    binaries: &TestBinaries,
-    test_args: &[String],
-) -> anyhow::Result<()> {
-    for tool in HOST_TOOLS {
-        image.host_tool(tool)?;
-    }
-    let tap_probe = binaries
-        .tap_probe
-        .to_str()
-        .context("non-UTF-8 target path")?;
-    image.executable(tap_probe, &binaries.tap_probe)?;
-    image.executable("/bin/tap-probe", &binaries.tap_probe)?;
-    let mut script = format!(
-        r#"echo "init: tap-probe doctor"
+    /// The binaries, the host tools, and a script that runs `tap-probe doctor` and then
+    /// each binary in turn, one test at a time (they share the guest's tracepoints), with
+    /// exactly the selected tests.
+    fn add_to(&self, image: &mut Image, suite: &Suite) -> anyhow::Result<()> {
+        for tool in HOST_TOOLS {
+            image.host_tool(tool)?;
+        }
+        let tap_probe = suite.tap_probe.to_str().context("non-UTF-8 target path")?;
+        image.executable(tap_probe, &suite.tap_probe)?;
+        image.executable("/bin/tap-probe", &suite.tap_probe)?;
+        let mut script = format!(
+            r#"echo "init: tap-probe doctor"
 /bin/tap-probe doctor
 echo "init: tap-probe doctor exited $?"
 run() {{
     read -r up _ < /proc/uptime
     echo "init: running $1 (uptime $up s)"
-    timeout {BINARY_TIMEOUT_S} "$@" --test-threads=1 --show-output"#
-    );
-    for arg in test_args {
-        script.push(' ');
-        script.push_str(&sh_quote(arg));
-    }
-    let _ = write!(
-        script,
-        r#"
+    timeout {BINARY_TIMEOUT_S} "$@" --test-threads=1 --show-output
     rc=$?
     read -r up _ < /proc/uptime
     # busybox timeout ends the binary with SIGTERM: exit status 128 + 15.
@@ -328,57 +549,66 @@ run() {{
     [ "$rc" -eq 0 ] || status=1
 }}
 "#
-    );
-    for test in &binaries.tests {
-        let name = test
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("test executable without a name")?;
-        let guest = format!("/tests/{name}");
-        image.executable(&guest, test)?;
-        let _ = writeln!(script, "run {guest}");
+        );
+        for (index, tests) in &self.runs {
+            let binary = &suite.binaries[*index];
+            let guest = format!("/tests/{}", binary.label);
+            image.executable(&guest, &binary.path)?;
+            let _ = write!(script, "run {guest} --exact");
+            for word in tests.iter().chain(&self.args) {
+                script.push(' ');
+                script.push_str(&sh_quote(word));
+            }
+            script.push('\n');
+        }
+        image.script(&script);
+        Ok(())
     }
-    image.script(&script);
-    Ok(())
 }
 
-/// Per test binary, the counts from libtest's `test result:` line, the tests that skipped
-/// themselves and the failed tests' names, read from the console.
-fn summary(kernel: &str, lines: &[String]) -> String {
-    let mut out = format!("xtask vm: guest test results on {kernel}:");
+/// Per test binary, the counts from libtest's `test result:` line, the failed tests' names
+/// and init lines that report a failure; and everything the tests said. Read from the
+/// console, where `init: running /tests/LABEL` begins each binary's output.
+fn per_binary(lines: &[String]) -> (String, Output) {
+    let mut results = String::new();
+    let mut said = Output::default();
     let mut binary: Option<&str> = None;
     let mut failed: Vec<&str> = Vec::new();
     let mut output: Vec<&str> = Vec::new();
+    let mut flush = |binary: Option<&str>, output: &mut Vec<&str>| {
+        if let Some(binary) = binary {
+            said.extend(output::read(binary, output));
+        }
+        output.clear();
+    };
     for line in lines {
         if let Some(path) = line.strip_prefix("init: running ") {
+            flush(binary, &mut output);
             binary = path
                 .split(' ')
                 .next()
                 .and_then(|path| path.rsplit('/').next());
             failed.clear();
-            output.clear();
         } else if let Some(name) = line
             .strip_prefix("test ")
             .and_then(|rest| rest.strip_suffix(" ... FAILED"))
         {
             failed.push(name);
         } else if let (Some(name), Some(result)) = (binary, line.strip_prefix("test result: ")) {
-            let _ = write!(out, "\n  {name}: {result}");
-            for skip in skips::read(&output) {
-                let _ = write!(out, "\n    skipped: {skip}");
-            }
+            let _ = write!(results, "\n  {name}: {result}");
             if !failed.is_empty() {
-                let _ = write!(out, "\n    failed: {}", failed.join(", "));
+                let _ = write!(results, "\n    failed: {}", failed.join(", "));
             }
         } else if line
             .strip_prefix("init: ")
             .is_some_and(|rest| rest.ends_with("failed") || failed_exit(rest))
         {
-            let _ = write!(out, "\n  {line}");
+            let _ = write!(results, "\n  {line}");
         }
         output.push(line);
     }
-    out
+    flush(binary, &mut output);
+    (results, said)
 }
 
 /// Whether an init line reports a non-zero exit: `PATH exited RC (uptime ...)`.
@@ -449,27 +679,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn summary_reports_each_binary_and_its_skips() {
+    fn each_binary_is_reported_with_what_its_tests_said() {
         let lines: Vec<String> = [
-            "init: running /tests/exactness-01 (uptime 9.50 s)",
+            "init: running /tests/exactness --exact a b (uptime 9.50 s)",
             "test a ... ok",
             "test b ... FAILED",
             "successes:",
             "---- a stdout ----",
             "skipping test - no kprobes",
+            "oracle: exact 3 qdisc kprobe",
             "test result: FAILED. 1 passed; 1 failed; 0 ignored",
-            "init: /tests/exactness-01 exited 101 (uptime 12.00 s)",
-            "init: /tests/other exited 0 (uptime 13.00 s)",
+            "init: /tests/exactness exited 101 (uptime 12.00 s)",
+            "init: running /tests/ring --exact c (uptime 12.10 s)",
+            "---- c stdout ----",
+            "oracle: exact 2 reader kprobe",
+            "test result: ok. 1 passed; 0 failed; 0 ignored",
+            "init: /tests/ring exited 0 (uptime 13.00 s)",
         ]
         .map(str::to_owned)
         .to_vec();
-        let summary = summary("6.1.0-57-cloud-amd64", &lines);
-        assert!(summary.contains("on 6.1.0-57-cloud-amd64"));
-        assert!(summary.contains("exactness-01: FAILED. 1 passed; 1 failed"));
-        assert!(summary.contains("skipped: a: skipping test - no kprobes"));
-        assert!(summary.contains("failed: b"));
-        assert!(summary.contains("exited 101"));
-        assert!(!summary.contains("exited 0"));
+        let (results, said) = per_binary(&lines);
+        assert!(
+            results.contains("exactness: FAILED. 1 passed; 1 failed"),
+            "{results}"
+        );
+        assert!(results.contains("failed: b"), "{results}");
+        assert!(results.contains("exited 101"), "{results}");
+        assert!(!results.contains("exited 0"), "{results}");
+        assert_eq!(said.skips.len(), 1);
+        assert_eq!(said.skips[0].test, "exactness::a");
+        let tests: Vec<&str> = said.tallies.iter().map(|t| t.test.as_str()).collect();
+        assert_eq!(tests, ["exactness::a", "ring::c"]);
     }
 
     #[test]

@@ -454,8 +454,10 @@ fn tagged(kind: &str, name: &str) -> String {
     }
 }
 
+/// These read the running kernel's BTF: their outcome depends on the kernel, so the guests
+/// run them too (`cargo xtask vm` picks `kernel_tests` modules out of the unit tests).
 #[cfg(test)]
-mod tests {
+mod kernel_tests {
     use super::*;
 
     /// The host's BTF, or `None` (after saying why) when this machine has none readable.

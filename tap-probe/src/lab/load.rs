@@ -665,7 +665,7 @@ pub(crate) fn sleep_unless(duration: Duration, stop: &AtomicBool) {
 }
 
 #[cfg(all(test, feature = "privileged-tests"))]
-mod tests {
+mod privileged_tests {
     use super::*;
 
     /// Whether this kernel's tun stops the queue of the load's tap (`cfg`) instead of

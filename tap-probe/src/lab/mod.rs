@@ -1,13 +1,16 @@
 //! Test rigs: bounded traffic, a tap with a reader playing the VM (`load`, `demo`): a
-//! `read(2)` loop or vhost-net driven from userspace; a deliberately slow veth peer; and TCP
-//! streams between two namespaces joined by a veth pair. The benchmarks and the privileged tests drive them.
+//! `read(2)` loop or vhost-net driven from userspace; a deliberately slow veth peer; TCP
+//! streams between two namespaces joined by a veth pair; programs the kernel skips on
+//! purpose. The benchmarks and the privileged tests drive them.
 //!
 //! This is also the library's surface for the privileged integration tests: the rigs, and
 //! the parts of tap-probe they drive (real devices in private namespaces, a watcher
 //! counting them).
 
 pub(crate) mod load;
+pub(crate) mod misses;
 pub(crate) mod pacer;
+pub(crate) mod programs;
 pub(crate) mod slow_consumer;
 pub(crate) mod streams;
 pub(crate) mod traffic;
@@ -20,6 +23,8 @@ pub use crate::host::discovery::{DeviceKind, Discovery, Filter};
 pub use crate::host::report::{Report, Row, Value};
 pub use crate::host::watcher::Watcher;
 pub use crate::kernel::{KernelInfo, TunBackpressure};
+pub use crate::lab::misses::{KprobeLab, RecursionLab};
+pub use crate::lab::programs::probe_program_names;
 pub use crate::lab::slow_consumer::SlowConsumer;
 pub use crate::lab::streams::{
     RECEIVER_DEV, SENDER_DEV, StreamsReport, TcpCounters, VethConfig, VethLink,

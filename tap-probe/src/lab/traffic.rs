@@ -2,8 +2,10 @@
 //! frames through a device's qdisc and driver, and a reader that plays the VM on a tap
 //! queue. Every loop stops at a packet count and at a deadline, whichever comes first.
 //!
-//! The frames are IPv4/UDP from 10.200.0.1:9 to 10.200.0.2:9 (the discard port) between
-//! locally administered MACs 02:00:00:00:00:01 -> 02:00:00:00:00:02, with valid headers.
+//! The frames are IPv4/UDP from 10.200.0.1 to 10.200.0.2:9 (the discard port) between
+//! locally administered MACs 02:00:00:00:00:01 -> 02:00:00:00:00:02, with valid headers;
+//! each flow has a source port of its own, so that a multi-queue device spreads flows over
+//! its queues as it does a VM's (by a hash of the addresses and ports).
 //! IPv4 rather than an experimental ethertype (0x88b5) so that whatever reads them - a
 //! guest kernel, tcpdump, a tc or XDP filter - parses them as ordinary traffic and a guest
 //! that receives them discards them without fuss. The payload starts with a big-endian
@@ -43,6 +45,9 @@ pub(crate) const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const SRC_IP: [u8; 4] = [10, 200, 0, 1];
 const DST_IP: [u8; 4] = [10, 200, 0, 2];
 const DISCARD_PORT: u16 = 9;
+/// Flow `f` is sent from port `FIRST_SOURCE_PORT + f % SOURCE_PORTS`.
+const FIRST_SOURCE_PORT: u16 = 10_000;
+const SOURCE_PORTS: u32 = 50_000;
 /// The socket's send buffer, forced as root so that the qdisc limit, not socket memory, is
 /// what pushes back; otherwise the sender blocks long before the qdisc overflows.
 const SEND_BUFFER: libc::c_int = 64 << 20;
@@ -304,6 +309,9 @@ fn number(frame: &mut [u8], index: u64, flows: u64) {
     let flow = u32::try_from(index % flows).unwrap_or(u32::MAX);
     frame[PAYLOAD..PAYLOAD + 8].copy_from_slice(&(index / flows).to_be_bytes());
     frame[PAYLOAD + 12..PAYLOAD + 16].copy_from_slice(&flow.to_be_bytes());
+    // The UDP checksum is left 0 (none, for IPv4), so the port needs no checksum update.
+    let port = FIRST_SOURCE_PORT + u16::try_from(flow % SOURCE_PORTS).unwrap_or_default();
+    frame[ETH_HDR + IPV4_HDR..ETH_HDR + IPV4_HDR + 2].copy_from_slice(&port.to_be_bytes());
 }
 
 /// Frames out of their flow's order, as the reader sees them: RFC 4737's "reordered", a
@@ -625,6 +633,23 @@ mod tests {
         f[PAYLOAD + 8] ^= 1;
         order.see(&f);
         assert_eq!(order.reordered, 4);
+    }
+
+    /// A device hashes flows by addresses and ports: each flow has its own source port, the
+    /// same for all its frames, with the IPv4 header untouched.
+    #[test]
+    fn each_flow_has_its_own_source_port() {
+        let mut f = frame(MIN_FRAME_LEN);
+        let header = f[ETH_HDR..ETH_HDR + IPV4_HDR].to_vec();
+        let port = |f: &[u8]| u16::from_be_bytes([f[34], f[35]]);
+        let mut ports = Vec::new();
+        for index in 0..8 {
+            number(&mut f, index, 4);
+            ports.push(port(&f));
+            assert_eq!(f[ETH_HDR..ETH_HDR + IPV4_HDR], header[..]);
+            assert_eq!(u16::from_be_bytes([f[36], f[37]]), DISCARD_PORT);
+        }
+        assert_eq!(ports, [10_000, 10_001, 10_002, 10_003].repeat(2));
     }
 
     #[test]

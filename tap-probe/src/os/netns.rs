@@ -326,7 +326,7 @@ fn named_entries() -> Result<Vec<(String, PathBuf)>> {
 }
 
 #[cfg(all(test, feature = "privileged-tests"))]
-mod tests {
+mod privileged_tests {
     use super::*;
 
     #[test]

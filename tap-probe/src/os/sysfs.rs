@@ -110,7 +110,7 @@ fn owned(rc: libc::c_long) -> Result<OwnedFd> {
 }
 
 #[cfg(all(test, feature = "privileged-tests"))]
-mod tests {
+mod privileged_tests {
     use super::*;
     use crate::os::netns::{NamedNetns, run_in};
     use crate::os::tap::{Tap, TapOptions};

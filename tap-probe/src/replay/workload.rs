@@ -36,17 +36,33 @@ pub(crate) enum Process {
 }
 
 impl Process {
-    /// Average events per second over a long run.
+    /// How many events [`Self::times`] generates in `duration_ns`: exactly for the evenly
+    /// spaced processes, the expectation for `poisson`. A burst puts `size` events at once
+    /// and a pause window begins with an event however short it is, so neither is its mean
+    /// rate times the duration: `burst:1000:1` sends a thousand events in its first
+    /// second, `pause:1:1ns:1ns` one every 2 ns.
     #[must_use]
-    pub(crate) fn mean_rate(self) -> f64 {
+    pub(crate) fn events(self, duration_ns: u64) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "an estimate, in f64 ns")]
+        let end = duration_ns as f64;
+        // Events at k * gap for every k with k * gap < span.
+        let spaced = |span: f64, gap: f64| (span / gap).ceil();
         match self {
-            Self::Const { rate } | Self::Poisson { rate } | Self::Burst { rate, .. } => rate,
-            #[expect(clippy::cast_precision_loss, reason = "a ratio of durations")]
+            Self::Const { rate } => spaced(end, 1e9 / rate),
+            Self::Poisson { rate } => rate * end / 1e9,
+            Self::Burst { size, rate } => {
+                spaced(end, f64::from(size) * 1e9 / rate) * f64::from(size)
+            }
+            #[expect(clippy::cast_precision_loss, reason = "ns below a day")]
             Self::Pause {
                 rate,
                 on_ns,
                 off_ns,
-            } => rate * on_ns as f64 / (on_ns + off_ns) as f64,
+            } => {
+                let windows = spaced(end, (on_ns + off_ns) as f64);
+                let per_window = spaced((on_ns as f64).min(end), 1e9 / rate);
+                windows * per_window
+            }
         }
     }
 
@@ -59,7 +75,7 @@ impl Process {
             clippy::cast_sign_loss,
             reason = "bounded by MAX_OPS"
         )]
-        let mut out = Vec::with_capacity((self.mean_rate() * end / 1e9 * 1.1) as usize + 16);
+        let mut out = Vec::with_capacity((self.events(duration_ns) * 1.1) as usize + 16);
         let ns = |t: f64| -> u64 {
             #[expect(
                 clippy::cast_possible_truncation,
@@ -214,8 +230,7 @@ impl Workload {
             batch: batch.unwrap_or(1),
             seed: seed.unwrap_or(1),
         };
-        #[expect(clippy::cast_precision_loss, reason = "an estimate")]
-        let total = (w.producer.mean_rate() + w.consumer.mean_rate()) * w.duration_ns as f64 / 1e9;
+        let total = w.producer.events(w.duration_ns) + w.consumer.events(w.duration_ns);
         if total > MAX_OPS {
             return Err(format!(
                 "this workload would generate about {total:.3e} operations; at most {MAX_OPS:.0e} \
@@ -438,6 +453,11 @@ mod tests {
                 "producer=const:1G,consumer=const:1G,duration=10s",
                 "at most",
             ),
+            // Each 2 ns window opens with an event: 5e10 of them, whatever the rate.
+            (
+                "producer=pause:1:1ns:1ns,consumer=const:1,duration=100s",
+                "about 5.000e10 operations",
+            ),
             ("producer=const:1k,,consumer=const:1", "empty item"),
             ("producer", "expected KEY=VALUE"),
         ] {
@@ -457,6 +477,46 @@ mod tests {
         assert!(ops.times.windows(2).all(|w| w[0] <= w[1]));
         // Same seed, same ops.
         assert_eq!(ops, w.generate());
+    }
+
+    /// The size guard counts what generation makes, for every kind of process.
+    #[test]
+    fn the_estimate_is_what_is_generated() {
+        for (spec, arrivals) in [
+            ("producer=const:1M,consumer=const:1,duration=10ms", 10_000),
+            ("producer=const:4k,consumer=const:1,duration=1ms", 4),
+            ("producer=burst:10:100k,consumer=const:1,duration=4ms", 400),
+            ("producer=burst:1000:1,consumer=const:1,duration=1s", 1000),
+            (
+                "producer=pause:1M:1ms:1ms,consumer=const:1,duration=4ms",
+                2000,
+            ),
+            (
+                "producer=pause:1:1us:1us,consumer=const:1,duration=1ms",
+                500,
+            ),
+            (
+                "producer=pause:1M:2500ns:1ms,consumer=const:1,duration=3ms",
+                9,
+            ),
+            (
+                "producer=pause:1M:10ms:1ms,consumer=const:1,duration=4ms",
+                4000,
+            ),
+        ] {
+            let w = Workload::parse(spec).unwrap();
+            let made = w.generate().ops.iter().filter(|&&o| o == ARRIVAL).count();
+            assert_eq!(made, arrivals, "{spec}");
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let made = made as f64;
+            assert!(
+                (w.producer.events(w.duration_ns) - made).abs() < 0.5,
+                "{spec}: estimated {}, made {made}",
+                w.producer.events(w.duration_ns)
+            );
+        }
+        let w = Workload::parse("producer=poisson:1M,consumer=const:1,duration=10ms").unwrap();
+        assert!((w.producer.events(w.duration_ns) - 10_000.0).abs() < 0.5);
     }
 
     #[test]

@@ -190,6 +190,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let tap_probe = cmd::build_release_bin("tap-probe", "tap-probe")?;
     let xtask = std::env::current_exe().context("finding xtask's own executable")?;
     let (kernel, modules) = vm::prepare(&vm::Guest {
+        name: args.kernel.to_string(),
         kernel: args.kernel.clone(),
         modules: Vec::new(),
         modules_dir: None,

@@ -15,7 +15,7 @@ pub use qdisc::{QdiscStats, RootQdisc};
 pub use socket::Rtnl;
 
 #[cfg(all(test, feature = "privileged-tests"))]
-mod tests {
+mod privileged_tests {
     use super::socket::NetlinkError;
     use super::*;
     use crate::os::netns::{NamedNetns, run_in};

@@ -1,0 +1,246 @@
+//! Checks against oracles, counted. A privileged test is worth what it compares tap-probe's
+//! figures with: the kernel's own counters, the reader's and the sender's counts, the qdisc,
+//! the TCP stack. Each such comparison goes through [`Checks`], which asserts it where the
+//! backend's counts can be held to exactness and otherwise only counts it as gated, with
+//! why. When the test ends, [`Checks`] prints one line per oracle, backend and outcome:
+//!
+//! ```text
+//! oracle: exact 12 device-stats tracepoint
+//! oracle: bound 2 reader kprobe
+//! oracle: gated 6 qdisc kprobe - the kernel skipped 3 runs of its programs
+//! ```
+//!
+//! `cargo xtask test` reads these lines (the tests run with `--show-output`) and fails a
+//! kernel on which no exact check of a kind its backends support was made.
+
+use std::collections::BTreeMap;
+use std::fmt::{Debug, Display};
+
+use tap_probe::lab::{Backend, Watcher};
+
+/// A witness that is not tap-probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Oracle {
+    /// The device's statistics as the kernel keeps them (`tx_packets`, `tx_dropped`).
+    DeviceStats,
+    /// The root qdisc's statistics: packets handed out, drops, requeues, backlog.
+    Qdisc,
+    /// What the test's reader took from the device, and in what order.
+    Reader,
+    /// What the test's sender handed to the kernel, and what the kernel refused.
+    Sender,
+    /// The reader thread's voluntary context switches, as the scheduler counts them.
+    Scheduler,
+    /// The TCP stacks' own counters (`/proc/net/netstat`, `/proc/net/snmp`).
+    TcpStack,
+    /// Another backend, attached to the same traffic.
+    OtherBackend,
+    /// Runs of a program the kernel skipped, caused on purpose.
+    ProgramMisses,
+    /// Hits of a kprobe that ran no program, caused on purpose.
+    KprobeMisses,
+    /// `/sys/class/net/DEV/statistics`, read beside rtnetlink.
+    Sysfs,
+    /// `tc -s -j`, read beside rtnetlink.
+    Tc,
+}
+
+impl Oracle {
+    /// The name `cargo xtask test` knows it by.
+    fn name(self) -> &'static str {
+        match self {
+            Self::DeviceStats => "device-stats",
+            Self::Qdisc => "qdisc",
+            Self::Reader => "reader",
+            Self::Sender => "sender",
+            Self::Scheduler => "scheduler",
+            Self::TcpStack => "tcp-stack",
+            Self::OtherBackend => "other-backend",
+            Self::ProgramMisses => "program-misses",
+            Self::KprobeMisses => "kprobe-misses",
+            Self::Sysfs => "sysfs",
+            Self::Tc => "tc",
+        }
+    }
+}
+
+/// Whose counts a check is about, and whether they can be held to exactness: a backend
+/// whose programs the kernel skipped counts short, and its checks are gated off, saying why.
+#[derive(Clone, Debug)]
+pub(crate) struct Gate {
+    backend: Option<Backend>,
+    shut: Option<String>,
+}
+
+impl Gate {
+    /// Checks of figures no backend counted (the kernel's against another reading).
+    pub(crate) fn none() -> Self {
+        Self {
+            backend: None,
+            shut: None,
+        }
+    }
+
+    /// Checks of `backend`'s counts, exact where the kernel skipped none of its programs'
+    /// runs (see [`super::exact`]).
+    pub(crate) fn of(backend: Backend, watcher: &Watcher) -> Self {
+        Self {
+            backend: Some(backend),
+            shut: super::short(watcher),
+        }
+    }
+
+    /// Checks of `backend`'s counts that hold whatever the kernel skipped, or fail: a test
+    /// that asserted them before misses were read keeps asserting them.
+    pub(crate) fn always(backend: Backend) -> Self {
+        Self {
+            backend: Some(backend),
+            shut: None,
+        }
+    }
+
+    /// As [`Gate::of`], for traffic the driver sees in a softirq that can interrupt the
+    /// reader's programs (see [`super::exact_under_softirq`]).
+    pub(crate) fn under_softirq(backend: Backend, watcher: &Watcher) -> Self {
+        Self {
+            backend: Some(backend),
+            shut: super::short_under_softirq(watcher),
+        }
+    }
+
+    /// Shuts the gate for another reason than the backend's own: the other side of a
+    /// comparison counts short.
+    pub(crate) fn shut_by(&self, other: &Self) -> Self {
+        Self {
+            backend: self.backend,
+            shut: self.shut.clone().or_else(|| other.shut.clone()),
+        }
+    }
+
+    /// Whether the checks behind this gate are asserted.
+    pub(crate) fn is_open(&self) -> bool {
+        self.shut.is_none()
+    }
+
+    pub(crate) fn backend(&self) -> Option<Backend> {
+        self.backend
+    }
+
+    /// An identity between tap-probe's own figures, asserted where the gate is open; no
+    /// oracle, so not counted.
+    #[track_caller]
+    pub(crate) fn same<T: Copy + PartialEq + Debug>(&self, a: T, b: T, what: impl Display) {
+        if self.is_open() {
+            assert_eq!(a, b, "{what} [{}]", by(self.backend));
+        }
+    }
+
+    /// A condition on tap-probe's own figures (the run proved something), asserted where
+    /// the gate is open; not counted.
+    #[track_caller]
+    pub(crate) fn holds(&self, holds: bool, what: impl Display) {
+        if self.is_open() {
+            assert!(holds, "{what} [{}]", by(self.backend));
+        }
+    }
+}
+
+/// What a test compared with which oracle; prints its tally when dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Checks {
+    exact: BTreeMap<(Oracle, String), u64>,
+    bound: BTreeMap<(Oracle, String), u64>,
+    gated: BTreeMap<(Oracle, String, String), u64>,
+}
+
+impl Checks {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// `ours` (tap-probe's figure) equals `theirs` (the oracle's), asserted where `gate`
+    /// is open.
+    #[track_caller]
+    pub(crate) fn eq<T: Copy + PartialEq + Debug>(
+        &mut self,
+        gate: &Gate,
+        oracle: Oracle,
+        ours: T,
+        theirs: T,
+        what: impl Display,
+    ) {
+        if self.admit(gate, oracle) {
+            assert_eq!(
+                ours,
+                theirs,
+                "{what} [{} against {}]",
+                by(gate.backend),
+                oracle.name()
+            );
+        }
+    }
+
+    /// A comparison with `oracle` that `holds`, asserted where `gate` is open: an exact
+    /// relation that is not an equality of two figures (an implication, a sum).
+    #[track_caller]
+    pub(crate) fn that(&mut self, gate: &Gate, oracle: Oracle, holds: bool, what: impl Display) {
+        if self.admit(gate, oracle) {
+            assert!(
+                holds,
+                "{what} [{} against {}]",
+                by(gate.backend),
+                oracle.name()
+            );
+        }
+    }
+
+    /// A bound from `oracle` that holds however short the backend's counts are, asserted
+    /// always; counted apart from the exact checks, which it does not replace.
+    #[track_caller]
+    pub(crate) fn bound(
+        &mut self,
+        backend: Option<Backend>,
+        oracle: Oracle,
+        holds: bool,
+        what: impl Display,
+    ) {
+        *self.bound.entry((oracle, by(backend))).or_default() += 1;
+        assert!(holds, "{what} [{} against {}]", by(backend), oracle.name());
+    }
+
+    /// Counts a check: made (true) or gated off.
+    fn admit(&mut self, gate: &Gate, oracle: Oracle) -> bool {
+        match &gate.shut {
+            None => {
+                *self.exact.entry((oracle, by(gate.backend))).or_default() += 1;
+                true
+            }
+            Some(why) => {
+                *self
+                    .gated
+                    .entry((oracle, by(gate.backend), why.clone()))
+                    .or_default() += 1;
+                false
+            }
+        }
+    }
+}
+
+impl Drop for Checks {
+    fn drop(&mut self) {
+        for ((oracle, backend), n) in &self.exact {
+            println!("oracle: exact {n} {} {backend}", oracle.name());
+        }
+        for ((oracle, backend), n) in &self.bound {
+            println!("oracle: bound {n} {} {backend}", oracle.name());
+        }
+        for ((oracle, backend, why), n) in &self.gated {
+            println!("oracle: gated {n} {} {backend} - {why}", oracle.name());
+        }
+    }
+}
+
+/// A backend as the tally names it; `-` for checks no backend counted.
+fn by(backend: Option<Backend>) -> String {
+    backend.map_or_else(|| "-".to_owned(), |b| format!("{b:?}").to_lowercase())
+}

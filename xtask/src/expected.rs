@@ -1,0 +1,302 @@
+//! What each kernel of the test matrix is expected to show, kept in `xtask/expected.toml`:
+//! the backends it runs, whether it reports kprobe misses, and every test that skips itself
+//! (or a part of itself) there. A run of the whole suite is held to it: a skip the file does
+//! not list, an expected skip that did not happen, or a kind of exact check that a kernel's
+//! backends support and that no test made there, fails the run.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::{Context as _, bail};
+use serde::Deserialize;
+
+use crate::output::{Outcome, Output};
+
+/// The file, relative to the workspace root.
+pub(crate) const FILE: &str = "xtask/expected.toml";
+
+/// The place the host's expectations are kept under.
+pub(crate) const HOST: &str = "host";
+
+/// Oracles every backend a kernel runs must be checked against exactly.
+const PER_BACKEND: &[&str] = &["device-stats", "qdisc", "reader", "sender", "scheduler"];
+/// Oracles every kernel must be checked against exactly, by whichever backend (or none).
+const PER_KERNEL: &[&str] = &["program-misses", "sysfs", "tc", "tcp-stack"];
+/// Where a kernel runs two backends or more: each against the other.
+const BACKENDS_AGREE: &str = "other-backend";
+/// Where a kernel reports what a kprobe missed.
+const KPROBE_MISSES: &str = "kprobe-misses";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    kernel: BTreeMap<String, Kernel>,
+}
+
+/// One kernel's expectations.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Kernel {
+    /// The host's: the start of the release they were written for (this machine kind's).
+    #[serde(default)]
+    release: Option<String>,
+    /// The backends it runs, as the tests name them (`tracepoint`, `kprobe`).
+    backends: Vec<String>,
+    /// Whether it reports what a kprobe missed (Linux 6.7+).
+    kprobe_misses: bool,
+    /// The tests that skip themselves there.
+    #[serde(default)]
+    skip: Vec<Skip>,
+}
+
+/// An expected skip: the test (`BINARY::TEST`) and a part of the line it prints.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Skip {
+    test: String,
+    line: String,
+}
+
+impl Skip {
+    /// Whether `said` is this skip: its test (any, for `*`) and its line.
+    fn matches(&self, said: &crate::output::Said) -> bool {
+        (self.test == "*" || self.test == said.test) && said.line.contains(&self.line)
+    }
+}
+
+/// Every kernel's expectations.
+#[derive(Debug)]
+pub(crate) struct Expected(BTreeMap<String, Kernel>);
+
+impl Expected {
+    /// Reads [`FILE`].
+    ///
+    /// # Errors
+    /// If it cannot be read or parsed.
+    pub(crate) fn load() -> anyhow::Result<Self> {
+        let path = crate::cmd::workspace_root().join(FILE);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        let file: File = toml::from_str(text)?;
+        Ok(Self(file.kernel))
+    }
+
+    /// The expectations of `place` (`host`, or a guest of the matrix); the host's only if
+    /// they were written for the kernel it runs.
+    ///
+    /// # Errors
+    /// If the file has none for it.
+    pub(crate) fn of(&self, place: &str, release: &str) -> anyhow::Result<&Kernel> {
+        let kernel = self
+            .0
+            .get(place)
+            .with_context(|| format!("{FILE} has no [kernel.\"{place}\"]"))?;
+        if let Some(prefix) = &kernel.release
+            && !release.starts_with(prefix.as_str())
+        {
+            bail!(
+                "{FILE}: the expectations for {place} are for kernel {prefix}*, and this one \
+                 runs {release}: write down what this kernel is expected to skip and run"
+            );
+        }
+        Ok(kernel)
+    }
+}
+
+impl Kernel {
+    /// What went otherwise than expected on this kernel, one sentence each; empty when all
+    /// is as expected.
+    pub(crate) fn problems(&self, said: &Output) -> Vec<String> {
+        let mut problems = Vec::new();
+        for skip in &said.skips {
+            if !self.skip.iter().any(|e| e.matches(skip)) {
+                problems.push(format!("a skip {FILE} does not expect: {skip}"));
+            }
+        }
+        for expected in &self.skip {
+            if !said.skips.iter().any(|s| expected.matches(s)) {
+                problems.push(format!(
+                    "an expected skip did not happen: {}: {} (remove it from {FILE} if the \
+                     test now runs)",
+                    expected.test, expected.line
+                ));
+            }
+        }
+        for line in &said.malformed {
+            problems.push(format!(
+                "an oracle line that does not read as a tally: {line}"
+            ));
+        }
+        let known = |oracle: &str| {
+            PER_BACKEND.contains(&oracle)
+                || PER_KERNEL.contains(&oracle)
+                || [BACKENDS_AGREE, KPROBE_MISSES].contains(&oracle)
+        };
+        for tally in said.tallies.iter().filter(|t| !known(&t.oracle)) {
+            problems.push(format!(
+                "{}: an oracle xtask does not know: {}",
+                tally.test, tally.oracle
+            ));
+        }
+        for (oracle, backend) in self.required() {
+            let made: u64 = said
+                .tallies
+                .iter()
+                .filter(|t| t.outcome == Outcome::Exact && t.oracle == oracle)
+                .filter(|t| backend.is_none_or(|b| t.backend == b))
+                .map(|t| t.count)
+                .sum();
+            if made == 0 {
+                let by = backend.map_or_else(String::new, |b| format!(" of the {b} backend"));
+                problems.push(format!(
+                    "no exact check{by} against {oracle} was made on this kernel"
+                ));
+            }
+        }
+        problems
+    }
+
+    /// The kinds of exact check this kernel must make: an oracle, and the backend that
+    /// must make it (`None`: any).
+    fn required(&self) -> Vec<(&'static str, Option<&str>)> {
+        let mut required = Vec::new();
+        for backend in &self.backends {
+            for oracle in PER_BACKEND {
+                required.push((*oracle, Some(backend.as_str())));
+            }
+        }
+        for oracle in PER_KERNEL {
+            required.push((*oracle, None));
+        }
+        if self.backends.len() >= 2 {
+            required.push((BACKENDS_AGREE, None));
+        }
+        if self.kprobe_misses {
+            required.push((KPROBE_MISSES, None));
+        }
+        required
+    }
+}
+
+/// Checks summed by outcome, oracle, backend and why they were gated.
+type Kinds<'a> = (Outcome, &'a str, &'a str, Option<&'a str>);
+
+/// The checks of one kernel, for the summary: exact ones and bounds by oracle and backend,
+/// and the gated ones with why and in which tests.
+pub(crate) fn tally_lines(said: &Output) -> String {
+    let mut counts: BTreeMap<Kinds<'_>, (u64, Vec<&str>)> = BTreeMap::new();
+    for t in &said.tallies {
+        let entry = counts
+            .entry((t.outcome, &t.oracle, &t.backend, t.why.as_deref()))
+            .or_default();
+        entry.0 += t.count;
+        if !entry.1.contains(&t.test.as_str()) {
+            entry.1.push(&t.test);
+        }
+    }
+    let mut out = String::new();
+    for (label, outcome) in [("exact checks", Outcome::Exact), ("bounds", Outcome::Bound)] {
+        let items: Vec<String> = counts
+            .iter()
+            .filter(|((o, ..), _)| *o == outcome)
+            .map(|((_, oracle, backend, _), (n, _))| format!("{oracle} by {backend} {n}"))
+            .collect();
+        let total: u64 = counts
+            .iter()
+            .filter(|((o, ..), _)| *o == outcome)
+            .map(|(_, (n, _))| n)
+            .sum();
+        let _ = write!(out, "\n    {label}: {total}");
+        if !items.is_empty() {
+            let _ = write!(out, " ({})", items.join(", "));
+        }
+    }
+    let gated: Vec<_> = counts
+        .iter()
+        .filter(|((o, ..), _)| *o == Outcome::Gated)
+        .collect();
+    let total: u64 = gated.iter().map(|(_, (n, _))| n).sum();
+    let _ = write!(out, "\n    gated off: {total}");
+    for ((_, oracle, backend, why), (n, tests)) in gated {
+        let _ = write!(
+            out,
+            "\n      {n} {oracle} by {backend}: {} (in {})",
+            why.unwrap_or("?"),
+            tests.join(", ")
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::read;
+
+    const FILE_TEXT: &str = r#"
+[kernel.host]
+release = "6.18."
+backends = ["tracepoint"]
+kprobe_misses = false
+[[kernel.host.skip]]
+test = "misses::kprobe"
+line = "no kprobes"
+[[kernel.host.skip]]
+test = "*"
+line = "skipping backend Kprobe"
+"#;
+
+    fn all_required(backend: &str) -> Vec<String> {
+        PER_BACKEND
+            .iter()
+            .map(|o| format!("oracle: exact 1 {o} {backend}"))
+            .chain(PER_KERNEL.iter().map(|o| format!("oracle: exact 2 {o} -")))
+            .collect()
+    }
+
+    #[test]
+    fn a_run_as_expected_has_no_problems() {
+        let expected = Expected::parse(FILE_TEXT).unwrap();
+        let host = expected.of(HOST, "6.18.44-x").unwrap();
+        let mut lines = vec!["---- kprobe stdout ----".to_owned()];
+        lines.push("skipping test - this kernel has no kprobes".to_owned());
+        // What the whole kernel lacks, in any test.
+        lines.push("---- other stdout ----".to_owned());
+        lines.push("skipping backend Kprobe - no kprobes here".to_owned());
+        lines.extend(all_required("tracepoint"));
+        let said = read("misses", &lines);
+        assert_eq!(host.problems(&said), Vec::<String>::new());
+        let summary = tally_lines(&said);
+        assert!(summary.contains("exact checks: 13"), "{summary}");
+        assert!(summary.contains("gated off: 0"), "{summary}");
+    }
+
+    #[test]
+    fn new_and_vanished_skips_and_missing_oracles_are_problems() {
+        let expected = Expected::parse(FILE_TEXT).unwrap();
+        assert!(expected.of(HOST, "6.1.0").is_err(), "another host kernel");
+        let host = expected.of(HOST, "6.18.1").unwrap();
+        let mut lines = vec!["---- other stdout ----".to_owned()];
+        lines.push("skipping test - no fq_codel".to_owned());
+        lines.push("skipping backend Kprobe - no kprobes here".to_owned());
+        lines.extend(all_required("tracepoint").into_iter().skip(1));
+        lines.push("oracle: exact 1 astrology tracepoint".to_owned());
+        lines.push("oracle: gated 4 qdisc tracepoint - short".to_owned());
+        let problems = host.problems(&read("misses", &lines));
+        assert_eq!(problems.len(), 4, "{problems:#?}");
+        assert!(problems[0].contains("does not expect: misses::other"));
+        assert!(problems[1].contains("did not happen: misses::kprobe"));
+        assert!(problems[2].contains("astrology"));
+        assert!(problems[3].contains("tracepoint backend against device-stats"));
+    }
+
+    #[test]
+    fn the_committed_file_parses() {
+        let expected = Expected::load().unwrap();
+        assert!(expected.0.contains_key(HOST));
+    }
+}

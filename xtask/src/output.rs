@@ -1,0 +1,215 @@
+//! What the tests said, read from libtest's output. Run with `--show-output`, libtest prints
+//! each passed test's output under a `---- NAME stdout ----` header, so every line below
+//! can be named by its test:
+//! - `skipping ...`: the test (or a part of it) cannot run here and says why;
+//! - `retrying - ...`: the test ran its scenario again, and why;
+//! - `oracle: exact|bound|gated N ORACLE BACKEND [- WHY]`: the checks it made against an
+//!   oracle (see `tap-probe/tests/common/oracle.rs`).
+
+use std::fmt;
+
+/// One line a test printed that the summary keeps: a skip or a retry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Said {
+    /// `BINARY::TEST`.
+    pub(crate) test: String,
+    /// The line it printed.
+    pub(crate) line: String,
+}
+
+impl fmt::Display for Said {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.test, self.line)
+    }
+}
+
+/// How a counted check went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Outcome {
+    /// Asserted exactly.
+    Exact,
+    /// A bound asserted where exactness could not be (it does not count as exact).
+    Bound,
+    /// Not asserted: the backend's counts may be short, for the reason given.
+    Gated,
+}
+
+/// Checks of one kind a test counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Tally {
+    pub(crate) test: String,
+    pub(crate) outcome: Outcome,
+    pub(crate) count: u64,
+    pub(crate) oracle: String,
+    /// The backend whose counts were checked; `-` for none.
+    pub(crate) backend: String,
+    /// Why the checks were gated off.
+    pub(crate) why: Option<String>,
+}
+
+/// Everything one or more test binaries said.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Output {
+    pub(crate) skips: Vec<Said>,
+    pub(crate) retries: Vec<Said>,
+    pub(crate) tallies: Vec<Tally>,
+    /// Lines that start like an oracle tally but do not read as one.
+    pub(crate) malformed: Vec<Said>,
+}
+
+impl Output {
+    pub(crate) fn extend(&mut self, other: Self) {
+        self.skips.extend(other.skips);
+        self.retries.extend(other.retries);
+        self.tallies.extend(other.tallies);
+        self.malformed.extend(other.malformed);
+    }
+}
+
+/// What the tests of `binary` said in `lines`, its libtest output. A line outside any
+/// test's output (none is expected) is kept under the test name `?`, so it is not lost.
+pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
+    let mut test: Option<&str> = None;
+    let mut out = Output::default();
+    for line in lines {
+        let line = line.as_ref();
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|rest| rest.strip_suffix(" stdout ----"))
+        {
+            test = Some(name);
+            continue;
+        }
+        if line.starts_with("test result: ")
+            || line == "successes:"
+            || line == "failures:"
+            || line.starts_with("running ")
+        {
+            test = None;
+            continue;
+        }
+        let said = || Said {
+            test: format!("{binary}::{}", test.unwrap_or("?")),
+            line: line.trim().to_owned(),
+        };
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("skipping") {
+            out.skips.push(said());
+        } else if trimmed.starts_with("retrying") {
+            out.retries.push(said());
+        } else if let Some(rest) = trimmed.strip_prefix("oracle: ") {
+            match tally(rest) {
+                Some(mut tally) => {
+                    tally.test = said().test;
+                    out.tallies.push(tally);
+                }
+                None => out.malformed.push(said()),
+            }
+        }
+    }
+    out
+}
+
+/// `exact|bound|gated N ORACLE BACKEND [- WHY]`.
+fn tally(text: &str) -> Option<Tally> {
+    let (head, why) = match text.split_once(" - ") {
+        Some((head, why)) => (head, Some(why.trim().to_owned())),
+        None => (text, None),
+    };
+    let words: Vec<&str> = head.split_whitespace().collect();
+    let [outcome, count, oracle, backend] = words.as_slice() else {
+        return None;
+    };
+    let outcome = match *outcome {
+        "exact" => Outcome::Exact,
+        "bound" => Outcome::Bound,
+        "gated" => Outcome::Gated,
+        _ => return None,
+    };
+    if (outcome == Outcome::Gated) != why.is_some() {
+        return None;
+    }
+    Some(Tally {
+        test: String::new(),
+        outcome,
+        count: count.parse().ok()?,
+        oracle: (*oracle).to_owned(),
+        backend: (*backend).to_owned(),
+        why,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_named_by_the_test_that_printed_them() {
+        let lines = [
+            "running 3 tests",
+            "test a ... ok",
+            "test b ... ok",
+            "test c ... ok",
+            "",
+            "successes:",
+            "",
+            "---- a stdout ----",
+            "skipping test - fq_codel: no such qdisc",
+            "---- b stdout ----",
+            "kernel tx_dropped 3",
+            "skipping backend Kprobe - no kprobes",
+            "retrying - ro-rq: attempt 1 of 3: every backend short",
+            "oracle: exact 12 device-stats tracepoint",
+            "oracle: bound 2 reader kprobe",
+            "oracle: gated 3 qdisc kprobe - the kernel skipped runs of its programs",
+            "oracle: gated 3 qdisc kprobe",
+            "oracle: exact many qdisc kprobe",
+            "",
+            "successes:",
+            "    a",
+            "test result: ok. 3 passed; 0 failed",
+        ];
+        let out = read("exactness", &lines);
+        let skips: Vec<String> = out.skips.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            skips,
+            [
+                "exactness::a: skipping test - fq_codel: no such qdisc",
+                "exactness::b: skipping backend Kprobe - no kprobes"
+            ]
+        );
+        assert_eq!(out.retries.len(), 1);
+        assert_eq!(out.retries[0].test, "exactness::b");
+        assert_eq!(
+            out.tallies,
+            [
+                Tally {
+                    test: "exactness::b".to_owned(),
+                    outcome: Outcome::Exact,
+                    count: 12,
+                    oracle: "device-stats".to_owned(),
+                    backend: "tracepoint".to_owned(),
+                    why: None,
+                },
+                Tally {
+                    test: "exactness::b".to_owned(),
+                    outcome: Outcome::Bound,
+                    count: 2,
+                    oracle: "reader".to_owned(),
+                    backend: "kprobe".to_owned(),
+                    why: None,
+                },
+                Tally {
+                    test: "exactness::b".to_owned(),
+                    outcome: Outcome::Gated,
+                    count: 3,
+                    oracle: "qdisc".to_owned(),
+                    backend: "kprobe".to_owned(),
+                    why: Some("the kernel skipped runs of its programs".to_owned()),
+                },
+            ]
+        );
+        // A gated tally without its reason, and a count that is not one.
+        assert_eq!(out.malformed.len(), 2);
+    }
+}

@@ -1,0 +1,247 @@
+//! The test suite, built once: one `cargo test --no-run` over the workspace with the
+//! privileged tests' feature makes every test binary the host stages and the guests run,
+//! and clippy checks the same crates with the same profile and features, so no crate is
+//! compiled twice for the same purpose.
+//!
+//! Which binaries run where:
+//! - on the host, unprivileged: every unit test binary and every test target that needs no
+//!   root, all tests in parallel, but the lib's `privileged_tests` modules;
+//! - on the host, privileged, one test at a time: the lib's `privileged_tests` and every
+//!   test target that requires the `privileged-tests` feature;
+//! - in each guest: only what depends on the kernel: the privileged test targets, and the
+//!   lib's `privileged_tests` and `kernel_tests` modules (tests that read the running
+//!   kernel's BTF or kallsyms, which need no root).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::cmd;
+use crate::output::{self, Output};
+
+/// Cargo options of every test build, and of clippy: optimised, with the test profile's
+/// debug assertions and overflow checks kept (under emulation unoptimised code made the
+/// guest suite four times slower), and debug info reduced to line tables (a failure's
+/// backtrace still names files and lines; full debug info took much of the build's time).
+pub(crate) const TEST_PROFILE: &[&str] = &[
+    "--config",
+    "profile.dev.opt-level=2",
+    "--config",
+    "profile.dev.debug=\"line-tables-only\"",
+];
+
+/// What every build of the suite builds: the workspace but the eBPF crate (which builds only
+/// for the BPF target, through `tap-probe/build.rs`), with the privileged tests.
+pub(crate) const SCOPE: &[&str] = &[
+    "--workspace",
+    "--exclude",
+    "tap-probe-ebpf",
+    "--features",
+    "tap-probe/privileged-tests",
+];
+
+/// The feature a test target requires to be privileged.
+const PRIVILEGED_FEATURE: &str = "privileged-tests";
+
+/// Unit test modules whose tests need root (and, so, the kernel).
+pub(crate) const PRIVILEGED_MODULES: &str = "privileged_tests::";
+/// Unit test modules whose tests read the running kernel without needing root.
+pub(crate) const KERNEL_MODULES: &str = "kernel_tests::";
+
+/// Where a test binary runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A package's unit tests: its lib or its bin.
+    Unit,
+    /// A test target that needs no root.
+    Plain,
+    /// A test target that needs root, real devices and the kernel's programs.
+    Privileged,
+}
+
+/// One test executable.
+#[derive(Clone, Debug)]
+pub(crate) struct Binary {
+    /// How the summary names it: a test target by its name, unit tests as `PACKAGE-lib` or
+    /// `PACKAGE-bin`.
+    pub(crate) label: String,
+    pub(crate) path: PathBuf,
+    /// Its package's directory, where cargo runs tests from.
+    pub(crate) dir: PathBuf,
+    pub(crate) kind: Kind,
+}
+
+impl Binary {
+    /// Whether its tests depend on the running kernel, as a whole (privileged test targets)
+    /// or in part (tap-probe's lib).
+    pub(crate) fn for_guests(&self) -> bool {
+        self.kind == Kind::Privileged || (self.kind == Kind::Unit && self.label == "tap-probe-lib")
+    }
+}
+
+/// The built suite.
+#[derive(Debug)]
+pub(crate) struct Suite {
+    /// In a fixed order: by label.
+    pub(crate) binaries: Vec<Binary>,
+    /// The tap-probe binary the integration tests run (`CARGO_BIN_EXE_tap-probe`).
+    pub(crate) tap_probe: PathBuf,
+}
+
+/// Builds every test binary of the suite.
+///
+/// # Errors
+/// If the build fails or makes no test binary.
+pub(crate) fn build() -> anyhow::Result<Suite> {
+    let artifacts = cmd::cargo_artifacts(
+        cmd::cargo()
+            .arg("test")
+            .args(TEST_PROFILE)
+            .args(SCOPE)
+            .arg("--no-run"),
+    )?;
+    let mut binaries = Vec::new();
+    for artifact in &artifacts {
+        let Some(path) = artifact.executable.clone() else {
+            continue;
+        };
+        if !artifact.profile.test {
+            continue;
+        }
+        let target = &artifact.target;
+        let (label, kind) = if target.is_kind(cargo_metadata::TargetKind::Test) {
+            let privileged = target
+                .required_features
+                .iter()
+                .any(|f| f == PRIVILEGED_FEATURE);
+            (
+                target.name.clone(),
+                if privileged {
+                    Kind::Privileged
+                } else {
+                    Kind::Plain
+                },
+            )
+        } else if target.is_kind(cargo_metadata::TargetKind::Bin) {
+            (format!("{}-bin", target.name), Kind::Unit)
+        } else {
+            (format!("{}-lib", target.name), Kind::Unit)
+        };
+        let dir = artifact
+            .manifest_path
+            .parent()
+            .context("a manifest path without a directory")?
+            .as_std_path()
+            .to_path_buf();
+        binaries.push(Binary {
+            label,
+            path: path.into_std_path_buf(),
+            dir,
+            kind,
+        });
+    }
+    binaries.sort_by(|a, b| a.label.cmp(&b.label));
+    binaries.dedup_by(|a, b| a.label == b.label);
+    if binaries.is_empty() {
+        bail!("cargo test --no-run built no test executables");
+    }
+    let tap_probe = artifacts
+        .iter()
+        .filter(|artifact| !artifact.profile.test && artifact.target.name == "tap-probe")
+        .find_map(|artifact| artifact.executable.clone())
+        .context("cargo test built no tap-probe binary")?
+        .into_std_path_buf();
+    Ok(Suite {
+        binaries,
+        tap_probe,
+    })
+}
+
+/// What one binary's run took and said.
+#[derive(Debug)]
+pub(crate) struct Ran {
+    pub(crate) label: String,
+    pub(crate) took: Duration,
+    /// libtest's `test result:` line.
+    pub(crate) result: String,
+    pub(crate) said: Output,
+}
+
+/// Runs `binary` on this host with `args` (after `--show-output`, so that each test's
+/// lines can be read), from its package's directory as cargo would.
+///
+/// # Errors
+/// If it cannot be run or a test fails.
+pub(crate) fn run(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
+    let started = Instant::now();
+    let mut command = Command::new(&binary.path);
+    command
+        .current_dir(&binary.dir)
+        .env("CARGO_MANIFEST_DIR", &binary.dir)
+        .arg("--show-output")
+        .args(args);
+    eprintln!("==> {} ({})", binary.label, short(&binary.path));
+    let lines = cmd::run_collecting(&mut command)?;
+    let result = lines
+        .iter()
+        .rev()
+        .find_map(|line| line.strip_prefix("test result: "))
+        .unwrap_or("no result line")
+        .to_owned();
+    Ok(Ran {
+        label: binary.label.clone(),
+        took: started.elapsed(),
+        result,
+        said: output::read(&binary.label, &lines),
+    })
+}
+
+fn short(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// The tests of `binary` that `args` (a filter, `--skip`, `--exact`, as libtest takes them)
+/// select, as `binary --list` names them.
+///
+/// # Errors
+/// If the binary cannot list its tests.
+pub(crate) fn list(binary: &Binary, args: &[String]) -> anyhow::Result<Vec<String>> {
+    let out = cmd::new(&binary.path)
+        .args(["--list", "--format", "terse"])
+        .args(args)
+        .output()
+        .with_context(|| format!("listing the tests of {}", binary.path.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} --list failed: {}",
+            binary.path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.strip_suffix(": test"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// The tests of `binary` a guest runs, of those `args` select: all of a privileged test
+/// target; of a lib, those in `privileged_tests` and `kernel_tests` modules.
+///
+/// # Errors
+/// If the binary cannot list its tests.
+pub(crate) fn for_guests(binary: &Binary, args: &[String]) -> anyhow::Result<Vec<String>> {
+    let tests = list(binary, args)?;
+    Ok(match binary.kind {
+        Kind::Privileged => tests,
+        Kind::Unit | Kind::Plain => tests
+            .into_iter()
+            .filter(|t| t.contains(PRIVILEGED_MODULES) || t.contains(KERNEL_MODULES))
+            .collect(),
+    })
+}
