@@ -81,6 +81,15 @@ impl Gate {
         }
     }
 
+    /// Checks of figures no backend counted alone (a `watch`'s report, its sources chosen
+    /// counter by counter) that the report says may be short: gated off, saying why.
+    pub(crate) fn short(why: &str) -> Self {
+        Self {
+            backend: None,
+            shut: Some(why.to_owned()),
+        }
+    }
+
     /// Checks of `backend`'s counts, exact where the kernel skipped none of its programs'
     /// runs (see [`super::exact`]).
     pub(crate) fn of(backend: Backend, watcher: &Watcher) -> Self {
