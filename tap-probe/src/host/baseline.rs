@@ -25,12 +25,14 @@
 //! probes' must agree exactly.
 
 use anyhow::Result;
-use tap_probe_common::{DeviceKey, METRICS, QueueCounters, Source, Unit};
+use tap_probe_common::{DeviceKey, QueueCounters};
 
 use crate::host::Host;
 
-/// Attempts at an exact baseline before settling for a bounded one.
-const BASELINE_ATTEMPTS: usize = 32;
+/// Attempts at an exact baseline before settling for a bounded one, and how long they may
+/// take in all (a slow machine under load gives up sooner rather than stall the refresh).
+const BASELINE_ATTEMPTS: usize = 128;
+const BASELINE_TIME: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The kernel's statistics of a device when its counting began.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,13 +50,14 @@ pub(crate) struct Baseline {
 /// When the kernel's statistics or the probes' counters cannot be read.
 pub(crate) fn take(host: &mut impl Host, key: DeviceKey) -> Result<(Baseline, Vec<QueueCounters>)> {
     let mut attempt = 0;
+    let start = std::time::Instant::now();
     loop {
         let stats = host.kernel_stats(key)?;
         host.settle();
         let after = host.queue_counters(key)?;
         let counted = packets(&after);
         attempt += 1;
-        if counted == 0 || attempt == BASELINE_ATTEMPTS {
+        if counted == 0 || attempt == BASELINE_ATTEMPTS || start.elapsed() >= BASELINE_TIME {
             let baseline = Baseline {
                 tx_packets: stats.tx_packets,
                 tx_dropped: stats.tx_dropped,
@@ -67,16 +70,15 @@ pub(crate) fn take(host: &mut impl Host, key: DeviceKey) -> Result<(Baseline, Ve
     }
 }
 
-/// Every packet event the probes counted on a device's queues: each is a packet the kernel's
-/// statistics may have seen at another moment.
+/// The packet events the probes counted on a device's queues that the kernel's columns
+/// count too (takes in `tx_packets`, drops in `tx_dropped`): each is a packet the kernel's
+/// statistics may have seen at another moment. The others (driver calls, enqueues) have no
+/// twin in the kernel's statistics, so no baseline to be off from.
 #[must_use]
 pub(crate) fn packets(queues: &[QueueCounters]) -> u64 {
-    let per_packet = METRICS.iter().filter_map(|m| match (m.source, m.unit) {
-        (Source::Programs(get), Unit::Packets) => Some(get),
-        _ => None,
-    });
-    per_packet
-        .map(|get| queues.iter().map(get).sum::<u64>())
+    queues
+        .iter()
+        .map(|q| q.consumed + q.dropped_full_ring + q.dropped_other)
         .sum()
 }
 

@@ -98,8 +98,10 @@ pub(crate) trait Host {
 
 /// How long a packet the kernel counted takes at most to reach the probes: the two counts
 /// are a few instructions apart on one CPU (a copy to the reader's buffer between them, at
-/// the read), microseconds even in an emulated guest.
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(5);
+/// the read), microseconds even in an emulated guest. Not much longer: a baseline is exact
+/// only when no packet of the device passed during the read and this wait, so a longer
+/// wait would find no such moment under a steady load.
+const SETTLE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The running host, watched by an attached probe.
 pub(crate) struct LiveHost {
