@@ -51,6 +51,9 @@ impl DeviceKind {
 pub struct Owner {
     pub pid: u32,
     pub comm: String,
+    /// The VM it runs, where its command line names one (QEMU's `-name`, libvirt's domain).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -411,7 +414,9 @@ fn denied(err: &anyhow::Error) -> bool {
 
 /// Attaches holders to tun/tap devices by name. fdinfo names the device but not its
 /// namespace, so when several namespaces have a device of that name the one in the
-/// holder's own namespace wins; failing that, every candidate gets the owner.
+/// holder's own namespace wins; failing that, every candidate gets the owner. A holder
+/// that runs a named VM comes first: the process that made the tap (libvirtd, a network
+/// script) may still hold it beside the QEMU it handed it to, and the rows name one owner.
 fn attach_owners(devices: &mut [Device], holders: &[Holder]) {
     for holder in holders {
         let candidates: Vec<usize> = devices
@@ -432,8 +437,13 @@ fn attach_owners(devices: &mut [Device], holders: &[Holder]) {
             devices[i].owners.push(Owner {
                 pid: holder.pid,
                 comm: holder.comm.clone(),
+                vm: holder.vm.clone(),
             });
         }
+    }
+    for device in devices {
+        // Stable: holders that name no VM keep their order (ascending pids).
+        device.owners.sort_by_key(|owner| owner.vm.is_none());
     }
 }
 
@@ -468,6 +478,7 @@ mod tests {
             comm: "qemu".into(),
             netns: Some(2),
             iff: "tap0".into(),
+            vm: None,
         };
         attach_owners(&mut devices, std::slice::from_ref(&holder));
         assert!(devices[0].owners.is_empty());
@@ -475,7 +486,8 @@ mod tests {
             devices[1].owners,
             vec![Owner {
                 pid: 7,
-                comm: "qemu".into()
+                comm: "qemu".into(),
+                vm: None,
             }]
         );
         assert!(devices[2].owners.is_empty());
@@ -488,6 +500,25 @@ mod tests {
         attach_owners(&mut devices, &[other]);
         assert_eq!(devices[0].owners.len(), 1);
         assert_eq!(devices[1].owners.len(), 2);
+    }
+
+    #[test]
+    fn the_holder_that_runs_a_vm_is_named_first() {
+        let mut devices = vec![device("vnet0", 1, DeviceKind::Tap)];
+        let holder = |pid, vm: Option<&str>| Holder {
+            pid,
+            comm: format!("p{pid}"),
+            netns: Some(1),
+            iff: "vnet0".into(),
+            vm: vm.map(str::to_owned),
+        };
+        attach_owners(
+            &mut devices,
+            &[holder(3, None), holder(5, Some("web-01")), holder(9, None)],
+        );
+        let pids: Vec<u32> = devices[0].owners.iter().map(|o| o.pid).collect();
+        assert_eq!(pids, [5, 3, 9]);
+        assert_eq!(devices[0].owners[0].vm.as_deref(), Some("web-01"));
     }
 
     #[test]

@@ -276,6 +276,7 @@ pub(crate) mod tests {
             owner: Some(Owner {
                 pid: 42,
                 comm: "qemu".to_owned(),
+                vm: None,
             }),
             counters: QueueCounters {
                 xmit_calls: 10,

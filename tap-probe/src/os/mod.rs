@@ -1,7 +1,8 @@
 //! The operating system, through narrow doors: rtnetlink, network namespaces, tun/tap
-//! devices, `/proc`, sysfs, signals and the clock.
+//! devices, `/proc` (and what a process's command line says), sysfs, signals and the clock.
 
 pub(crate) mod clock;
+pub(crate) mod cmdline;
 pub(crate) mod netlink;
 pub(crate) mod netns;
 pub(crate) mod procfs;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 
-use crate::os::netns;
+use crate::os::{cmdline, netns};
 
 /// Pids of all processes, ascending.
 ///
@@ -30,6 +30,8 @@ pub(crate) struct Holder {
     pub(crate) netns: Option<u32>,
     /// Device name from the fd's `iff:` fdinfo line (`tun_chr_show_fdinfo`).
     pub(crate) iff: String,
+    /// The VM the process runs, from its command line (QEMU's `-name`, libvirt's domain).
+    pub(crate) vm: Option<String>,
 }
 
 /// Every open `/dev/net/tun` fd bound to a device, from `/proc/*/fd` and `/proc/*/fdinfo`.
@@ -45,6 +47,7 @@ pub(crate) fn tun_holders() -> Vec<Holder> {
             continue;
         };
         let mut comm = None;
+        let mut vm = None;
         let mut seen = HashSet::new();
         for fd in fds.filter_map(std::result::Result::ok) {
             // readlink is cheap; fdinfo is read only for tun fds.
@@ -65,12 +68,21 @@ pub(crate) fn tun_holders() -> Vec<Holder> {
                         .unwrap_or_default()
                 })
                 .clone();
+            // Read once per process, and only for those that hold a tap.
+            let vm = vm
+                .get_or_insert_with(|| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .ok()
+                        .and_then(|line| cmdline::vm_name(&line))
+                })
+                .clone();
             let netns = netns::inode_of(Path::new(&format!("/proc/{pid}/ns/net"))).ok();
             holders.push(Holder {
                 pid,
                 comm,
                 netns,
                 iff,
+                vm,
             });
         }
     }

@@ -228,6 +228,7 @@ pub(crate) mod tests {
             owner: Some(Owner {
                 pid: 4242,
                 comm: "qemu-system-x86".to_owned(),
+                vm: None,
             }),
             counters: QueueCounters {
                 xmit_calls: consumed + full,
