@@ -11,7 +11,7 @@ use crate::os::netlink::RootQdisc;
 #[derive(Debug, Parser)]
 #[command(
     name = "tap-probe",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TAP_PROBE_COMMIT"), ")"),
     about = "Count what happens to packets on the transmit path of tun/tap devices"
 )]
 struct Cli {
