@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 
 use crate::os::netlink::RootQdisc;
 
+/// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
+pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
+
 #[derive(Debug, Parser)]
 #[command(
     name = "tap-probe",

@@ -89,15 +89,25 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // Catch SIGINT and SIGTERM before attaching anything, so a signal during set-up is
     // held until the loop below and still ends in a clean detach.
     let stop = Stop::install()?;
+    let kernel = KernelInfo::load()?;
     let exporter = args
         .prometheus
-        .map(crate::output::prometheus::Exporter::start)
+        .map(|addr| {
+            use crate::output::prometheus::{About, Exporter, Settings};
+            Exporter::start(
+                addr,
+                Settings {
+                    stale_after: Settings::stale_after(args.interval),
+                    departed_grace: Duration::ZERO,
+                    about: Some(About::of(&kernel)),
+                },
+            )
+        })
         .transpose()?;
     let _stats = args
         .program_stats
         .then(crate::bpf::probe::enable_run_stats)
         .transpose()?;
-    let kernel = KernelInfo::load()?;
     let counting = Counting {
         occupancy: args.occupancy,
         macvtap: filter.macvtap,

@@ -1,25 +1,53 @@
-//! `watch --prometheus ADDR`: the latest refresh as a Prometheus scrape target.
+//! `watch --prometheus ADDR` and `serve`: the latest refresh as a Prometheus scrape target.
 //!
 //! The text exposition format (version 0.0.4) is written by hand: the counters are a few
-//! families of labelled integers, and the HTTP side answers one `GET /metrics` per
-//! connection, so neither a metrics nor an HTTP crate would earn its weight. Each scrape
-//! gets the text of the last refresh, so scraping never touches the eBPF maps.
+//! families of labelled integers, and the HTTP side answers one `GET` per connection, so
+//! neither a metrics nor an HTTP crate would earn its weight. Each scrape gets the text of
+//! the last refresh, so scraping never touches the eBPF maps.
+//!
+//! Every per-queue series is labelled `netns`, `device`, `kind`, `queue`, and where a
+//! process holds the tap open, `owner_pid`, `owner_comm` and, where its command line names
+//! one, `vm` (QEMU's `-name`, libvirt's domain): which VM a series is about.
 
 use std::fmt::Write as _;
 
+mod about;
+mod departed;
 mod server;
 
-pub(crate) use server::Exporter;
+pub(crate) use about::About;
+pub(crate) use server::{Exporter, Settings};
 use tap_probe_common::{Kind, METRICS, Metric, Unit};
 
 use crate::bpf::probe::RingOccupancy;
 use crate::host::report::{Report, Row, Value};
 
-/// The exposition text of `report`. Devices that disappeared are left out, so their series
-/// end with them.
+/// The exposition text of `report` alone, as tests compare it: devices that disappeared
+/// are left out, and nothing is said about the exporter.
+#[cfg(test)]
 #[must_use]
 pub(crate) fn exposition(report: &Report) -> String {
-    let rows: Vec<&Row> = report.rows.iter().filter(|r| !r.retired).collect();
+    exposition_with(report, &[], None)
+}
+
+/// The exposition text of `report` with the rows of devices that went away but are still
+/// served (`departed`), and what the exporter says about itself.
+#[must_use]
+pub(crate) fn exposition_with(report: &Report, departed: &[Row], about: Option<&About>) -> String {
+    let rows: Vec<&Row> = report
+        .rows
+        .iter()
+        .filter(|r| !r.retired)
+        .chain(departed)
+        .collect();
+    let mut out = families(report, &rows);
+    if let Some(about) = about {
+        about.write(&mut out);
+    }
+    out
+}
+
+fn families(report: &Report, rows: &[&Row]) -> String {
     let mut out = String::new();
     for metric in METRICS {
         let Some(name) = metric.prometheus else {
@@ -29,13 +57,13 @@ pub(crate) fn exposition(report: &Report) -> String {
             Kind::Counter => "counter",
             Kind::Gauge | Kind::Derived => "gauge",
             Kind::Distribution => {
-                distribution(&mut out, name, metric, &rows);
+                distribution(&mut out, name, metric, rows);
                 continue;
             }
         };
         let _ = writeln!(out, "# HELP tap_probe_{name} {}", metric.help);
         let _ = writeln!(out, "# TYPE tap_probe_{name} {kind}");
-        for row in &rows {
+        for row in rows {
             // A value not known here has no sample: a series absent, not a made-up zero.
             if let Some(value) = sample(metric, row.value(metric)) {
                 let _ = writeln!(out, "tap_probe_{name}{{{}}} {value}", labels(row));
@@ -46,7 +74,7 @@ pub(crate) fn exposition(report: &Report) -> String {
         "# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop \
          reason (other than a full ring).\n# TYPE tap_probe_drop_reason_total counter\n",
     );
-    for row in &rows {
+    for row in rows {
         for (reason, n) in &row.drop_reasons {
             let _ = writeln!(
                 out,
@@ -83,6 +111,14 @@ pub(crate) fn exposition(report: &Report) -> String {
             );
         }
     }
+    let _ = write!(
+        out,
+        "# HELP tap_probe_events_without_slots_total Events of devices created since attach \
+         that found no spare counter slots (too many new devices at once): their counts are \
+         short by them.\n# TYPE tap_probe_events_without_slots_total counter\n\
+         tap_probe_events_without_slots_total {}\n",
+        report.no_room
+    );
     let _ = write!(
         out,
         "# HELP tap_probe_modules_changed Modules tap-probe located at attach that were loaded, \
@@ -169,14 +205,27 @@ fn distribution(out: &mut String, name: &str, metric: &Metric, rows: &[&Row]) {
     }
 }
 
+/// A row's labels: where the queue is, and who holds its device open.
 fn labels(row: &Row) -> String {
-    format!(
+    let mut out = format!(
         "netns=\"{}\",device=\"{}\",kind=\"{}\",queue=\"{}\"",
         escape(&row.netns),
         escape(&row.ifname),
         format!("{:?}", row.kind).to_lowercase(),
         row.queue
-    )
+    );
+    if let Some(owner) = &row.owner {
+        let _ = write!(
+            out,
+            ",owner_pid=\"{}\",owner_comm=\"{}\"",
+            owner.pid,
+            escape(&owner.comm)
+        );
+        if let Some(vm) = &owner.vm {
+            let _ = write!(out, ",vm=\"{}\"", escape(vm));
+        }
+    }
+    out
 }
 
 /// Escapes a label value: backslash, double quote and newline, as the format requires.
@@ -254,6 +303,70 @@ mod tests {
                 "{expected} in:\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn series_name_the_process_and_the_vm_holding_the_tap() {
+        let mut held = row("vnet3", 0);
+        held.netns = "init".to_owned();
+        held.owner = Some(crate::host::discovery::Owner {
+            pid: 4242,
+            comm: "qemu-system-x86".to_owned(),
+            vm: Some("web \"01\"".to_owned()),
+        });
+        let mut nameless = held.clone();
+        nameless.ifname = "vnet4".to_owned();
+        if let Some(owner) = &mut nameless.owner {
+            owner.vm = None;
+        }
+        let text = exposition(&report(vec![held, nameless]));
+        let sample = |device: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with(&format!(
+                        "tap_probe_consumed_total{{netns=\"init\",device=\"{device}\""
+                    ))
+                })
+                .unwrap_or_else(|| panic!("{device} in\n{text}"))
+                .to_owned()
+        };
+        assert_eq!(
+            sample("vnet3"),
+            r#"tap_probe_consumed_total{netns="init",device="vnet3",kind="tap",queue="0",owner_pid="4242",owner_comm="qemu-system-x86",vm="web \"01\""} 6"#
+        );
+        assert!(
+            sample("vnet4").ends_with(r#"owner_pid="4242",owner_comm="qemu-system-x86"} 6"#),
+            "no vm label where the command line names none"
+        );
+    }
+
+    #[test]
+    fn departed_rows_and_the_facts_are_served_beside_the_live_ones() {
+        let mut gone = row("tap1", 0);
+        gone.retired = true;
+        let departed = vec![gone.clone()];
+        let about = About {
+            version: "1.0.0",
+            commit: "abc",
+            release: "6.18".to_owned(),
+            tun_backpressure: None,
+        };
+        let text = exposition_with(&report(vec![row("tap0", 0), gone]), &departed, Some(&about));
+        let consumed: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("tap_probe_consumed_total{"))
+            .collect();
+        assert_eq!(
+            consumed.len(),
+            2,
+            "the live row and the departed one: {consumed:?}"
+        );
+        assert!(consumed[1].contains("device=\"tap1\""));
+        assert!(
+            text.ends_with(
+                "tap_probe_kernel_info{release=\"6.18\",tun_backpressure=\"unknown\"} 1\n"
+            )
+        );
     }
 
     /// The exposition as it has been since the families were introduced, byte for byte:
@@ -379,6 +492,9 @@ tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queu
 tap_probe_untracked_devices 0
 # HELP tap_probe_missed_total Runs of an eBPF program the kernel skipped (why="recursion": it, or for a kprobe any kprobe program, was running on the CPU) and hits of its kprobes that ran nothing (why="kprobe"); counts the program feeds may be short by them.
 # TYPE tap_probe_missed_total counter
+# HELP tap_probe_events_without_slots_total Events of devices created since attach that found no spare counter slots (too many new devices at once): their counts are short by them.
+# TYPE tap_probe_events_without_slots_total counter
+tap_probe_events_without_slots_total 0
 # HELP tap_probe_modules_changed Modules tap-probe located at attach that were loaded, unloaded or reloaded since (counts of their devices may be wrong: restart it).
 # TYPE tap_probe_modules_changed gauge
 tap_probe_modules_changed 0
