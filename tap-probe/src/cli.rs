@@ -26,6 +26,9 @@ struct Cli {
 enum Command {
     /// Attach to the running host and show per-device, per-queue transmit counters.
     Watch(crate::cmd::watch::Args),
+    /// Run as a service: serve the counters for Prometheus until stopped, with a health
+    /// endpoint and logs for journald, and no other output.
+    Serve(crate::cmd::serve::Args),
     /// Run a self-contained demonstration in a private network namespace.
     Demo(crate::cmd::demo::Args),
     /// Report what this kernel allows and which probe backend would be used.
@@ -48,22 +51,27 @@ enum Command {
     Vm(crate::cmd::vm::Args),
 }
 
-/// The whole program: logging to stderr (`RUST_LOG`, warnings by default), the command
-/// line, the subcommand, and an exit code. A reader of stdout that went away (`| head`)
-/// ends the program quietly and successfully, as it does other command-line tools.
+/// The whole program: the command line, logging to stderr (`RUST_LOG`; warnings by
+/// default, and for `serve` lines journald reads), the subcommand, and an exit code. A
+/// reader of stdout that went away (`| head`) ends the program quietly and successfully, as
+/// it does other command-line tools.
 #[must_use]
 pub fn main() -> std::process::ExitCode {
-    // aya warns on every program load where it cannot parse the kernel release (Debian's
-    // `7.3-cloud-amd64` has no patch level); it needs the version only for kprobes on
-    // kernels before 5.0, which tap-probe does not run on (it needs BTF).
-    env_logger::Builder::from_env(
-        env_logger::Env::default().default_filter_or("warn,aya::util=error"),
-    )
-    .init();
+    use crate::output::logging::{self, Style};
     let cli = Cli::parse();
+    let service = matches!(cli.command, Command::Serve(_));
+    logging::init(if service {
+        Style::Journal
+    } else {
+        Style::Terminal
+    });
     match run(cli) {
         Ok(code) => code,
         Err(err) if crate::output::is_closed_stdout(&err) => std::process::ExitCode::SUCCESS,
+        Err(err) if service => {
+            log::error!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
         Err(err) => {
             eprintln!("tap-probe: error: {err:#}");
             std::process::ExitCode::FAILURE
@@ -80,6 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let success = |()| std::process::ExitCode::SUCCESS;
     match cli.command {
         Command::Watch(args) => crate::cmd::watch::run(&args).map(success),
+        Command::Serve(args) => crate::cmd::serve::run(&args).map(success),
         Command::Demo(args) => crate::cmd::demo::run(&args).map(success),
         Command::Doctor(args) => crate::cmd::doctor::run(&args).map(success),
         Command::Load(args) => crate::cmd::load::run(&args).map(success),

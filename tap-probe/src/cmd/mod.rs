@@ -7,5 +7,6 @@ pub(crate) mod doctor;
 pub(crate) mod load;
 pub(crate) mod record;
 pub(crate) mod replay;
+pub(crate) mod serve;
 pub(crate) mod vm;
 pub(crate) mod watch;

@@ -1,8 +1,8 @@
 //! What tap-probe shows: tables for people (`table`; `compact`, which fits the window,
 //! from `columns` and `lines`, explained once by `legend`), the full-screen view (`tui`),
 //! JSON for programs (`json`), the Prometheus exposition (`prometheus`), a status line
-//! for long commands (`progress`), and [`Output`], which shows `watch`'s refreshes in the
-//! chosen format.
+//! for long commands (`progress`), log lines for people or journald (`logging`), and
+//! [`Output`], which shows `watch`'s refreshes in the chosen format.
 //!
 //! [`stdout`] is the one way results reach stdout. A reader that went away (`tap-probe ...
 //! | head`) makes writes fail with `EPIPE` (Rust ignores SIGPIPE); that is
@@ -13,6 +13,7 @@ pub(crate) mod compact;
 pub(crate) mod json;
 pub(crate) mod legend;
 pub(crate) mod lines;
+pub(crate) mod logging;
 pub(crate) mod progress;
 pub(crate) mod prometheus;
 pub(crate) mod table;

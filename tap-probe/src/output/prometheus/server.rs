@@ -139,6 +139,13 @@ impl Exporter {
             failure: None,
         });
     }
+
+    /// A refresh failed: `/metrics` keeps the last good text, `/healthz` says why.
+    pub(crate) fn failed(&self, err: &anyhow::Error) {
+        self.served.send_modify(|served| {
+            served.failure = Some(format!("{err:#}").into());
+        });
+    }
 }
 
 impl Drop for Exporter {

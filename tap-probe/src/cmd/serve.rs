@@ -1,0 +1,112 @@
+//! `tap-probe serve`: the exporter as a service. It attaches, serves the counters at
+//! `/metrics` and its health at `/healthz`, follows devices as VMs come and go, and runs
+//! until SIGTERM (or SIGINT), then detaches. It writes nothing on stdout; its log lines on
+//! stderr carry syslog priorities for journald.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::bpf::backend::Backend;
+use crate::bpf::probe::{Counting, Occupancy};
+use crate::host::watcher::Watcher;
+use crate::kernel::KernelInfo;
+use crate::os::signals::Stop;
+use crate::output::prometheus::{About, Exporter, Settings};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    pub(crate) devices: crate::cli::DeviceArgs,
+    /// Where to serve `/metrics` and `/healthz` (IP:PORT; port 0 picks a free one, logged).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub(crate) listen: SocketAddr,
+    /// Seconds between refreshes: each rescans processes and namespaces for devices and
+    /// their owners, and reads the counters scrapes are then served.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cli::interval)]
+    pub(crate) interval: Duration,
+    /// Seconds the series of a device that went away are still served, with the counts it
+    /// had when it went, so that a scrape sees its last increase; after that they are
+    /// dropped (0: at once). Make it longer than Prometheus' scrape interval.
+    #[arg(long, value_name = "SECS", default_value = "300", value_parser = crate::cli::delay)]
+    pub(crate) forget_after: Duration,
+    /// Which kernel hooks feed the counters (`tap-probe doctor` shows what this kernel
+    /// allows).
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub(crate) backend: Backend,
+    /// Where the tun/tap rings' occupancy is sampled (see `watch --occupancy`; `exact`
+    /// costs every packet a sample).
+    #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
+    pub(crate) occupancy: Occupancy,
+    /// Call a queue stuck when it stays stopped this many seconds with no packet taken by
+    /// its reader.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::duration)]
+    pub(crate) stuck_after: Duration,
+}
+
+/// Runs `tap-probe serve`.
+///
+/// # Errors
+/// Missing privileges or kernel features, an address that cannot be bound, or a failure to
+/// attach; the probes are detached in every case. A refresh that fails later does not end
+/// it: the last good counters stay served and `/healthz` reports the failure.
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    crate::kernel::privileges::check()?;
+    let filter = args.devices.filter();
+    // Before anything is attached, so a SIGTERM during set-up still ends in a clean detach.
+    let stop = Stop::install()?;
+    let kernel = KernelInfo::load()?;
+    let exporter = Exporter::start(
+        args.listen,
+        Settings {
+            stale_after: Settings::stale_after(args.interval),
+            departed_grace: args.forget_after,
+            about: Some(About::of(&kernel)),
+        },
+    )?;
+    log::info!(
+        "serving metrics on http://{0}/metrics and health on http://{0}/healthz",
+        exporter.addr()
+    );
+    let counting = Counting {
+        occupancy: args.occupancy,
+        macvtap: filter.macvtap,
+        ..Counting::WATCH
+    };
+    let mut watcher = Watcher::counting(&kernel, &filter, args.backend, counting)?;
+    watcher.set_stuck_after(args.stuck_after);
+    log::info!(
+        "attached on {} (tap-probe {}, commit {}); sources: {}",
+        kernel.release,
+        env!("CARGO_PKG_VERSION"),
+        crate::cli::COMMIT,
+        watcher.sources()
+    );
+    let mut failing = false;
+    loop {
+        match watcher.refresh() {
+            Ok(report) => {
+                if failing {
+                    log::info!("refreshing again");
+                    failing = false;
+                }
+                exporter.publish(&report);
+            }
+            Err(err) => {
+                // Once per spell of failures, not once per interval.
+                if !failing {
+                    log::error!("refresh failed, the last good counters stay served: {err:#}");
+                    failing = true;
+                }
+                exporter.failed(&err);
+            }
+        }
+        if stop.sleep(args.interval) {
+            break;
+        }
+    }
+    log::info!("stopping: detaching the probes");
+    drop(watcher);
+    drop(exporter);
+    log::info!("stopped");
+    Ok(())
+}
