@@ -13,6 +13,8 @@ use std::fmt::Write as _;
 
 mod about;
 mod departed;
+#[cfg(test)]
+mod queried;
 mod server;
 
 pub(crate) use about::About;
