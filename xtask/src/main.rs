@@ -5,6 +5,7 @@
 mod bench;
 mod cmd;
 mod demo;
+mod deploy;
 mod expected;
 mod output;
 mod seed_tun;

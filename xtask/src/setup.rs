@@ -17,7 +17,10 @@ const BPF_LINKER_VERSION: &str = "0.10.3";
 
 /// Debian packages: iproute2 (`ip`, `tc` for test hosts), util-linux's `setpriv` (the
 /// tests run tap-probe with chosen capabilities), bpftrace (the overhead benchmark's
-/// reference tracer); for the guests: QEMU, a static busybox for their init,
+/// reference tracer); for the deployment files: prometheus (`promtool` tests the alert
+/// rules, a Prometheus server evaluates them and the dashboard against a live `serve`),
+/// systemd's `systemd-analyze` (verifies the unit), strace (the test of the unit's system
+/// call filter); for the guests: QEMU, a static busybox for their init,
 /// xz-utils for compressed kernel modules, binutils' `strip` to shrink their binaries; for
 /// `cargo xtask seed-tun`: gcc, make and patch to build a module against Debian's kernel
 /// headers, and dwarves' pahole for its BTF.
@@ -25,6 +28,9 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "bpftrace",
+    "prometheus",
+    "systemd",
+    "strace",
     "qemu-system-x86",
     "busybox-static",
     "xz-utils",
@@ -167,6 +173,12 @@ fn apt_packages() -> anyhow::Result<bool> {
     };
     cmd::run(&mut apt(&["update"]))?;
     cmd::run(apt(&["install", "-y", "--no-install-recommends"]).args(&missing))?;
+    if missing.contains(&"prometheus") {
+        // Debian's package enables and starts a server of its own on :9090 where systemd
+        // runs; only promtool and the binary are wanted (the tests start their own server on
+        // loopback, and stop it). Without systemd there is nothing to stop.
+        let _ = cmd::probe(cmd::new("systemctl").args(["disable", "--now", "prometheus.service"]));
+    }
     Ok(true)
 }
 

@@ -14,7 +14,7 @@ use crate::expected::{self, Expected};
 use crate::output::Output;
 use crate::suite::{self, Kind, Suite};
 use crate::vm::{self, GuestRun};
-use crate::{cmd, setup};
+use crate::{cmd, deploy, setup};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -126,6 +126,12 @@ const HOST_STAGES: &[Stage<Host>] = &[
         name: "fuzz-smoke",
         skipped_by: None,
         run: |_, _| fuzz_smoke(),
+    },
+    Stage {
+        // The alert rules' unit tests (promtool) and the systemd unit's syntax.
+        name: "deploy-files",
+        skipped_by: None,
+        run: |_, _| deploy::check(),
     },
     Stage {
         name: "privileged-tests",
