@@ -6,6 +6,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod deploy;
+mod dist;
 mod expected;
 mod output;
 mod seed_tun;
@@ -38,6 +39,9 @@ enum Command {
     Test(test::Args),
     /// Build tap-probe and run `tap-probe demo`.
     Demo(demo::Args),
+    /// Build a static `tap-probe` (musl, the eBPF objects inside) and an archive with the
+    /// service unit, the alert rules and the dashboard; prints their paths.
+    Dist(dist::Args),
     /// Build the tail-drop fix as posted to netdev (v8 4/4 + v9 1/4) as a tun.ko for Debian's
     /// newest 6.12 cloud kernel; prints the module's path last.
     SeedTun(seed_tun::Args),
@@ -59,6 +63,9 @@ fn main() -> ExitCode {
         Command::Setup(args) => setup::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => test::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => demo::run(&args),
+        Command::Dist(args) => setup::run(&setup::Args {})
+            .and_then(|()| dist::run(&args))
+            .map(|()| ExitCode::SUCCESS),
         Command::SeedTun(args) => setup::run(&setup::Args {})
             .and_then(|()| seed_tun::run(&args))
             .map(|()| ExitCode::SUCCESS),

@@ -41,6 +41,9 @@ const APT_PACKAGES: &[&str] = &[
     "dwarves",
 ];
 
+/// `cargo xtask dist` links tap-probe statically against musl.
+const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
+
 /// aya attaches classic tracepoints through tracefs, which is not mounted by default here.
 const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -61,6 +64,9 @@ pub(crate) fn run(_args: &Args) -> anyhow::Result<()> {
     }
     if bpf_linker()? {
         done.push("bpf-linker");
+    }
+    if musl_target()? {
+        done.push("musl target");
     }
     if apt_packages()? {
         done.push("apt packages");
@@ -105,6 +111,17 @@ fn nightly_components() -> anyhow::Result<bool> {
             .args(&missing)
             .args(["--toolchain", "nightly"]),
     )?;
+    Ok(true)
+}
+
+/// The musl target's standard library for the toolchain that builds tap-probe.
+fn musl_target() -> anyhow::Result<bool> {
+    let installed = cmd::probe(cmd::new("rustup").args(["target", "list", "--installed"]))
+        .context("`rustup target list --installed` failed: is rustup installed?")?;
+    if installed.lines().any(|line| line.trim() == MUSL_TARGET) {
+        return Ok(false);
+    }
+    cmd::run(cmd::new("rustup").args(["target", "add", MUSL_TARGET]))?;
     Ok(true)
 }
 

@@ -14,7 +14,7 @@ use crate::expected::{self, Expected};
 use crate::output::Output;
 use crate::suite::{self, Kind, Suite};
 use crate::vm::{self, GuestRun};
-use crate::{cmd, deploy, setup};
+use crate::{cmd, deploy, dist, setup};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -22,7 +22,8 @@ pub(crate) struct Args {
     /// load eBPF programs).
     #[arg(long)]
     no_privileged: bool,
-    /// Skip the privileged tests in QEMU guests (`cargo xtask vm`).
+    /// Skip the privileged tests in QEMU guests (`cargo xtask vm`) and the static binary's
+    /// run in a guest (`cargo xtask dist --check`).
     #[arg(long)]
     no_vm: bool,
 }
@@ -147,7 +148,7 @@ struct Guests<'a> {
 }
 
 /// The guests' stages (a function: they borrow the run's slots).
-fn guest_stages<'a>() -> [Stage<Guests<'a>>; 2] {
+fn guest_stages<'a>() -> [Stage<Guests<'a>>; 3] {
     [
         Stage {
             // A guest whose first boot is broken on purpose must come up under TCG: the path
@@ -184,6 +185,12 @@ fn guest_stages<'a>() -> [Stage<Guests<'a>>; 2] {
                 guests.runs = runs;
                 ran
             },
+        },
+        Stage {
+            // The static binary, alone in a guest on Debian 12's own kernel.
+            name: "dist",
+            skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
+            run: |_, _| dist::test_stage(),
         },
     ]
 }

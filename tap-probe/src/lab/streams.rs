@@ -28,6 +28,9 @@ const IO_SLICE: Duration = Duration::from_millis(100);
 /// The receivers outlive the senders' deadline by at most this, reading what is in flight.
 const RECEIVE_GRACE: Duration = Duration::from_secs(5);
 const CHUNK: usize = 64 << 10;
+/// `SIOCETHTOOL` (`include/uapi/linux/sockios.h`) as `ioctl`'s request type, which is
+/// `c_ulong` with glibc and `c_int` with musl (libc declares the constant for the first).
+const SIOCETHTOOL: libc::Ioctl = 0x8946;
 
 /// How the pair is set up.
 #[derive(Debug, Clone, Copy)]
@@ -314,7 +317,7 @@ fn set_tso(name: &str, on: bool) -> Result<()> {
     // SAFETY: raw is a fresh fd we own.
     let socket = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: ifr points at `value`, both live across the call.
-    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCETHTOOL, &raw mut ifr) };
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), SIOCETHTOOL, &raw mut ifr) };
     if rc < 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("turning TSO {} on {name}", if on { "on" } else { "off" }));
