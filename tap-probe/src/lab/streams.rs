@@ -73,6 +73,7 @@ impl VethLink {
             rtnl.replace_root_qdisc(ifindex, cfg.qdisc)?;
             rtnl.add_address(ifindex, SENDER_ADDR, 24)?;
             set_tso(SENDER_DEV, cfg.tso)?;
+            quiet(SENDER_DEV);
             rtnl.set_up(ifindex)?;
             Ok(ifindex)
         })?;
@@ -80,6 +81,7 @@ impl VethLink {
             let mut rtnl = Rtnl::open()?;
             let ifindex = rtnl.link_by_name(RECEIVER_DEV)?.ifindex;
             rtnl.add_address(ifindex, RECEIVER_ADDR, 24)?;
+            quiet(RECEIVER_DEV);
             rtnl.set_up(ifindex)?;
             let consumer = cfg
                 .slow_peer_ns
@@ -93,6 +95,16 @@ impl VethLink {
             sender_ifindex,
             receiver,
             receiver_ifindex,
+        })
+    }
+
+    /// The sender's end's own counters (`IFLA_STATS64`).
+    ///
+    /// # Errors
+    /// When the link cannot be read.
+    pub fn sender_stats(&self) -> Result<crate::os::netlink::LinkStats> {
+        run_in(self.sender.path(), || {
+            Ok(Rtnl::open()?.link_by_index(self.sender_ifindex)?.stats)
         })
     }
 
@@ -284,6 +296,13 @@ fn field(text: &str, group: &str, name: &str) -> Result<u64> {
         }
     }
     bail!("no {group} {name} in /proc/net")
+}
+
+/// Turns IPv6 off on `dev` before it comes up: it would send router and multicast-listener
+/// solicitations of its own, so that the device's counters would not be the load's alone.
+/// `/proc/sys/net` resolves against the calling thread's namespace. Absent IPv6 is fine.
+fn quiet(dev: &str) {
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"), "1");
 }
 
 /// `ethtool -K NAME tso on|off` (`ETHTOOL_STSO`, `include/uapi/linux/ethtool.h`), in the

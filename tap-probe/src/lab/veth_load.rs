@@ -60,6 +60,9 @@ pub(crate) struct VethLoadReport {
     pub(crate) elapsed_secs: f64,
     pub(crate) qdisc_requeues: Option<u64>,
     pub(crate) qdisc_drops: Option<u64>,
+    /// Change of the sender's end's own `tx_packets` and `tx_dropped` over the run.
+    pub(crate) kernel_tx_packets: Option<u64>,
+    pub(crate) kernel_tx_dropped: Option<u64>,
     /// The TCP counters of the sender's and the receiver's namespace over the run.
     pub(crate) sender_tcp: TcpCounters,
     pub(crate) receiver_tcp: TcpCounters,
@@ -89,6 +92,7 @@ pub(crate) fn run_veth_load(
         .ok()
     };
     let q0 = qdisc();
+    let link0 = link.sender_stats().ok();
     let (s0, r0) = link.tcp_counters()?;
     let mut report = VethLoadReport {
         netns: link.sender.name().to_owned(),
@@ -107,6 +111,8 @@ pub(crate) fn run_veth_load(
         elapsed_secs: 0.0,
         qdisc_requeues: None,
         qdisc_drops: None,
+        kernel_tx_packets: None,
+        kernel_tx_dropped: None,
         sender_tcp: TcpCounters::default(),
         receiver_tcp: TcpCounters::default(),
         interrupted: false,
@@ -144,6 +150,10 @@ pub(crate) fn run_veth_load(
         report.qdisc_requeues = Some(b.requeues.saturating_sub(a.requeues));
         report.qdisc_drops = Some(b.drops.saturating_sub(a.drops));
     }
+    if let (Some(a), Ok(b)) = (link0, link.sender_stats()) {
+        report.kernel_tx_packets = Some(b.tx_packets.saturating_sub(a.tx_packets));
+        report.kernel_tx_dropped = Some(b.tx_dropped.saturating_sub(a.tx_dropped));
+    }
     report.interrupted = stop.load(Ordering::Relaxed);
     drop(link);
     Ok(report)
@@ -179,6 +189,8 @@ impl VethLoadReport {
             ("elapsed", format!("{:.3} s", self.elapsed_secs)),
             ("qdisc requeues", opt(self.qdisc_requeues)),
             ("qdisc drops", opt(self.qdisc_drops)),
+            ("kernel tx_packets", opt(self.kernel_tx_packets)),
+            ("kernel tx_dropped", opt(self.kernel_tx_dropped)),
             (
                 "sender TCP retransmits",
                 self.sender_tcp.retrans_segs.to_string(),
