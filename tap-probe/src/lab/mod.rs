@@ -44,6 +44,22 @@ pub fn tun_has_backpressure() -> anyhow::Result<bool> {
     Ok(crate::os::tap::tun_features()? & crate::os::tap::IFF_BACKPRESSURE != 0)
 }
 
+/// The runs of the loaded program `id` the kernel skipped (`bpf_prog_info.recursion_misses`),
+/// read from the kernel by the program's id: what another process's programs missed.
+///
+/// # Errors
+/// When no such program is loaded, or the kernel refuses the request.
+pub fn program_recursion_misses(id: u32) -> anyhow::Result<u64> {
+    use anyhow::Context as _;
+    use std::os::fd::AsFd as _;
+    let program = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == id)
+        .with_context(|| format!("no program {id} is loaded"))?;
+    let fd = program.fd()?;
+    Ok(crate::bpf::missed::recursion_misses(fd.as_fd())?)
+}
+
 /// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,
 /// the form aya's tests use).
 #[must_use]

@@ -6,6 +6,7 @@
 )]
 
 pub(crate) mod running;
+pub(crate) mod service;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

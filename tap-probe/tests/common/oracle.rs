@@ -99,6 +99,16 @@ impl Gate {
         }
     }
 
+    /// Checks of `backend`'s counts made by programs another process loaded (`tap-probe
+    /// serve`), of whose runs the kernel skipped `missed` (their `recursion_misses`, read by
+    /// program id): exact where it skipped none, as [`Gate::of`] for a watcher of the test's.
+    pub(crate) fn of_programs(backend: Backend, missed: u64) -> Self {
+        Self {
+            backend: Some(backend),
+            shut: (missed > 0).then(|| "the kernel skipped runs of its programs".to_owned()),
+        }
+    }
+
     /// Checks of `backend`'s counts that hold whatever the kernel skipped, or fail: a test
     /// that asserted them before misses were read keeps asserting them.
     pub(crate) fn always(backend: Backend) -> Self {
