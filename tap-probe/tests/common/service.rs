@@ -26,7 +26,7 @@ pub(crate) struct Service {
 
 impl Service {
     /// Starts `command`, which runs `binary serve ... --listen 127.0.0.1:0` (possibly through
-    /// wrappers), and waits for the line that says where it serves.
+    /// wrappers), and waits for the lines that say where it serves and that it attached.
     pub(crate) fn start(mut command: Command, binary: &Path) -> Self {
         let mut child = command
             .stdin(Stdio::null())
@@ -72,6 +72,21 @@ impl Service {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
+        // It serves before it attaches (a SIGTERM during set-up is then answered), and
+        // says when the probes are attached.
+        while !service
+            .stderr()
+            .iter()
+            .any(|line| line.contains("attached on"))
+        {
+            let exited = service.child.as_mut().unwrap().try_wait().unwrap();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "serve never attached ({exited:?}):\n{}",
+                service.stderr().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         service
     }
 
