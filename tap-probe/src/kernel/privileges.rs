@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
+pub(crate) const CAP_DAC_READ_SEARCH: u32 = 2;
 pub(crate) const CAP_NET_ADMIN: u32 = 12;
 pub(crate) const CAP_SYS_PTRACE: u32 = 19;
 pub(crate) const CAP_SYS_ADMIN: u32 = 21;
@@ -18,7 +19,7 @@ pub(crate) const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
 /// How to get the capabilities, quoted in the error: every one [`missing_capabilities`]
 /// asks for.
-const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_syslog+ep $(command -v tap-probe)";
+const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_dac_read_search,cap_syslog+ep $(command -v tap-probe)";
 
 /// The effective capability set (`CapEff`) from the text of `/proc/<pid>/status`.
 ///
@@ -43,6 +44,9 @@ pub(crate) fn parse_cap_eff(status: &str) -> Result<u64> {
 ///   how namespaces without a name, and the processes holding a tap, are found (the kernel
 ///   asks for ptrace read access, `proc_ns_get_link`, and a root process without it is
 ///   refused at processes with more capabilities, such as kthreadd's for the initial one);
+/// - `CAP_DAC_READ_SEARCH` lists another user's `/proc/PID/fd` (mode 0500, its owner's:
+///   `proc_fd_permission` is `generic_permission`, which `CAP_SYS_PTRACE` does not pass), which
+///   is how the process holding each tap, and the VM it runs, are named;
 /// - `CAP_SYSLOG` shows kernel addresses in `/proc/kallsyms` (`kallsyms_show_value`): the
 ///   reader's and the wakers' functions are told by address.
 #[must_use]
@@ -60,6 +64,7 @@ pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
         (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
         (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
         (CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+        (CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"),
         (CAP_SYSLOG, "CAP_SYSLOG"),
     ] {
         if !has(cap) {
@@ -192,7 +197,10 @@ mod tests {
         assert!(check_cap_eff(0x01ff_ffff_ffff).is_ok());
     }
 
-    const OTHERS: u64 = (1 << CAP_NET_ADMIN) | (1 << CAP_SYS_PTRACE) | (1 << CAP_SYSLOG);
+    const OTHERS: u64 = (1 << CAP_NET_ADMIN)
+        | (1 << CAP_SYS_PTRACE)
+        | (1 << CAP_DAC_READ_SEARCH)
+        | (1 << CAP_SYSLOG);
 
     #[test]
     fn names_exactly_what_is_missing() {
@@ -204,6 +212,7 @@ mod tests {
                 "CAP_NET_ADMIN",
                 "CAP_SYS_ADMIN",
                 "CAP_SYS_PTRACE",
+                "CAP_DAC_READ_SEARCH",
                 "CAP_SYSLOG"
             ]
         );
@@ -215,6 +224,7 @@ mod tests {
                 "CAP_NET_ADMIN",
                 "CAP_SYS_ADMIN",
                 "CAP_SYS_PTRACE",
+                "CAP_DAC_READ_SEARCH",
                 "CAP_SYSLOG"
             ]
         );
@@ -224,14 +234,18 @@ mod tests {
             missing_capabilities(all & !(1 << CAP_SYSLOG)),
             ["CAP_SYSLOG"]
         );
+        assert_eq!(
+            missing_capabilities(all & !(1 << CAP_DAC_READ_SEARCH)),
+            ["CAP_DAC_READ_SEARCH"]
+        );
         let err = check_cap_eff(1 << CAP_NET_ADMIN).unwrap_err().to_string();
         assert!(
-            err.contains("lacks CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_SYSLOG:"),
+            err.contains("lacks CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYSLOG:"),
             "{err}"
         );
         assert!(
             err.contains(
-                "setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_syslog+ep"
+                "setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_dac_read_search,cap_syslog+ep"
             ),
             "{err}"
         );
@@ -243,7 +257,12 @@ mod tests {
         assert!(missing_capabilities(caps).is_empty());
         assert_eq!(
             missing_capabilities(1 << CAP_SYS_ADMIN),
-            ["CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_SYSLOG"]
+            [
+                "CAP_NET_ADMIN",
+                "CAP_SYS_PTRACE",
+                "CAP_DAC_READ_SEARCH",
+                "CAP_SYSLOG"
+            ]
         );
     }
 
