@@ -250,7 +250,9 @@ fn check_results(
         .iter()
         .filter_map(|row| row["consumed"].as_u64())
         .sum();
-    let read = last["load"]["reader"]["packets"].as_u64();
+    let read = last["load"]["drain"]["reader"]["packets"]
+        .as_u64()
+        .context("the demo's final object has no load.drain.reader.packets")?;
     if consumed == 0 {
         bail!("the probes counted no packet in the guest's demo: {last}");
     }
@@ -281,7 +283,7 @@ fn check_results(
         bail!("the guest has libraries: {libraries:?}");
     }
     Ok(format!(
-        "{}; the probes counted {consumed} packets taken by the demo's reader ({read:?} by its \
+        "{}; the probes counted {consumed} packets taken by the demo's reader ({read} by its \
          own count); serve stopped cleanly on SIGTERM; no library in the guest",
         version.trim(),
     ))
