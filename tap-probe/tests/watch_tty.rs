@@ -273,9 +273,11 @@ fn the_full_screen_view_quits_on_q_and_restores_the_terminal() {
     if !tap_probe::lab::root() {
         return;
     }
+    // The load runs until the test ends it: the watch attaches only after the kernel has
+    // verified its programs, which takes seconds in an emulated guest.
     let mut load = ChildGuard::spawn(
         Command::new(BIN)
-            .args(["load", "--duration", "8", "--start-delay", "1"])
+            .args(["load", "--duration", "60", "--start-delay", "1"])
             .args(["--pps", "20000", "--reader-pps", "5000"])
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
