@@ -46,8 +46,10 @@ enum Command {
 }
 
 /// The whole program: logging to stderr (`RUST_LOG`, warnings by default), the command
-/// line, the subcommand, and an exit code. A reader of stdout that went away (`| head`)
-/// ends the program quietly and successfully, as it does other command-line tools.
+/// line, the subcommand, and how the process ends: the subcommand's exit code when it ran
+/// to its end, or, when a signal, a lost terminal or a lost reader of stdout stopped it
+/// early, that signal once everything is undone ([`crate::os::signals::exit`]), so the
+/// wait status says why.
 #[must_use]
 pub fn main() -> std::process::ExitCode {
     // aya warns on every program load where it cannot parse the kernel release (Debian's
@@ -58,9 +60,19 @@ pub fn main() -> std::process::ExitCode {
     )
     .init();
     let cli = Cli::parse();
-    match run(cli) {
+    let result = run(cli);
+    if let Some(why) = crate::os::signals::why() {
+        // The reader of stdout or the terminal is gone: nothing to tell it. Otherwise say
+        // what the command could not finish (what it finished, it said itself).
+        if let Err(err) = result
+            && !crate::output::is_closed_stdout(&err)
+        {
+            eprintln!("tap-probe: {why}: {err:#}");
+        }
+        crate::os::signals::exit(why);
+    }
+    match result {
         Ok(code) => code,
-        Err(err) if crate::output::is_closed_stdout(&err) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("tap-probe: error: {err:#}");
             std::process::ExitCode::FAILURE
