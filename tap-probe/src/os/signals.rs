@@ -244,34 +244,53 @@ impl Stop {
     }
 
     /// Waits up to `timeout` for `events` on `fd` (when given) or a stop, whichever comes
-    /// first: the one way a loop waits on input. `poll` reports a descriptor's hangup and
-    /// error (`POLLHUP`, `POLLERR`) whatever `events` asks for.
+    /// first: the way a loop waits on input. `poll` reports a descriptor's hangup and error
+    /// (`POLLHUP`, `POLLERR`) whatever `events` asks for.
     pub(crate) fn wait(&self, fd: Option<(BorrowedFd<'_>, PollFlags)>, timeout: Duration) -> Woke {
+        let mut fds: Vec<PollFd<'_>> = fd
+            .map(|(fd, events)| PollFd::new(fd, events))
+            .into_iter()
+            .collect();
+        if self.poll(&mut fds, timeout) {
+            Woke::Stopped
+        } else if let Some(revents) = fds
+            .first()
+            .and_then(PollFd::revents)
+            .filter(|r| !r.is_empty())
+        {
+            Woke::Ready(revents)
+        } else {
+            Woke::Timeout
+        }
+    }
+
+    /// Waits for `wait` at most, until one of `fds` is readable or the run is to stop; true
+    /// when it is.
+    #[must_use]
+    pub(crate) fn wait_readable(&self, fds: &[BorrowedFd<'_>], wait: Duration) -> bool {
+        let mut polled: Vec<PollFd<'_>> = fds
+            .iter()
+            .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+            .collect();
+        self.poll(&mut polled, wait)
+    }
+
+    /// Polls `fds` and the eventfd for `timeout` at most; true when the run is to stop.
+    fn poll(&self, fds: &mut Vec<PollFd<'_>>, timeout: Duration) -> bool {
         if self.stopped() {
-            return Woke::Stopped;
+            return true;
         }
         let Some(eventfd) = WAKE.get() else {
             std::thread::sleep(timeout);
-            return if self.stopped() {
-                Woke::Stopped
-            } else {
-                Woke::Timeout
-            };
+            return self.stopped();
         };
-        let mut fds = vec![PollFd::new(eventfd.as_fd(), PollFlags::POLLIN)];
-        if let Some((fd, events)) = fd {
-            fds.push(PollFd::new(fd, events));
-        }
-        match nix::poll::poll(&mut fds, crate::os::clock::poll_timeout(timeout)) {
+        fds.push(PollFd::new(eventfd.as_fd(), PollFlags::POLLIN));
+        match nix::poll::poll(fds, crate::os::clock::poll_timeout(timeout)) {
             Ok(_) | Err(Errno::EINTR) => {}
             // poll on valid descriptors does not fail otherwise; sleep instead of spinning.
             Err(_) => std::thread::sleep(timeout),
         }
-        let woken = fds[0].any().unwrap_or(false);
-        let ready = fds
-            .get(1)
-            .and_then(PollFd::revents)
-            .filter(|r| !r.is_empty());
+        let woken = fds.pop().and_then(|wake| wake.any()).unwrap_or(false);
         if woken {
             // A wake that was not a stop (a resize) is taken off; a stop's is left, so that
             // every other waiter, now or later, wakes for it too.
@@ -279,41 +298,6 @@ impl Stop {
             if self.stopped() {
                 wake();
             }
-        }
-        if self.stopped() {
-            Woke::Stopped
-        } else if let Some(revents) = ready {
-            Woke::Ready(revents)
-        } else {
-            Woke::Timeout
-        }
-    }
-}
-
-impl Stop {
-    /// Waits for `wait` at most, until one of `fds` is readable or a signal comes; true
-    /// when one came (or had come).
-    #[must_use]
-    pub(crate) fn wait_readable(
-        &self,
-        fds: &[std::os::fd::BorrowedFd<'_>],
-        wait: Duration,
-    ) -> bool {
-        let Some(wake) = WAKE.get() else {
-            return self.sleep(wait);
-        };
-        if self.stopped() {
-            return true;
-        }
-        let mut polled: Vec<PollFd<'_>> = fds
-            .iter()
-            .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
-            .collect();
-        polled.push(PollFd::new(wake.as_fd(), PollFlags::POLLIN));
-        match nix::poll::poll(&mut polled, crate::os::clock::poll_timeout(wait)) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            // poll on valid fds does not fail otherwise; sleep instead of spinning.
-            Err(_) => std::thread::sleep(wait),
         }
         self.stopped()
     }
