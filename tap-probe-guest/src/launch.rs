@@ -5,6 +5,8 @@
 //! same guest again under TCG, which works everywhere. The decision then holds for every
 //! later boot of the same [`Launcher`].
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::qemu::{self, Accel, Config, Machine, Outcome, Verdict};
@@ -32,6 +34,8 @@ pub struct Launcher {
     break_next: bool,
     /// Prefix of the lines this prints on stderr (`tap-probe vm`, `xtask vm`).
     name: &'static str,
+    /// Set when the host wants the guest stopped (a signal): QEMU is killed.
+    stop: Option<Arc<AtomicBool>>,
 }
 
 /// A guest that has run.
@@ -74,6 +78,16 @@ impl Launcher {
             decided: None,
             break_next: std::env::var_os(BREAK_FIRST_BOOT_ENV).is_some(),
             name,
+            stop: None,
+        }
+    }
+
+    /// Stops every guest of this launcher, QEMU killed, once `stop` is set.
+    #[must_use]
+    pub fn stop_on(self, stop: Arc<AtomicBool>) -> Self {
+        Self {
+            stop: Some(stop),
+            ..self
         }
     }
 
@@ -120,7 +134,7 @@ impl Launcher {
                 self.name, machine.cpu
             );
         }
-        let first = qemu::run(config, &machine)?;
+        let first = qemu::run(config, &machine, self.stop.as_deref())?;
         let retry = self.choice == AccelChoice::Auto
             && first.verdict.is_boot_failure()
             && (accel == Accel::Kvm || broken);
@@ -151,7 +165,7 @@ impl Launcher {
             eprintln!("    {line}");
         }
         self.decided = Some(Accel::Tcg);
-        let outcome = qemu::run(config, &Machine::of(Accel::Tcg))?;
+        let outcome = qemu::run(config, &Machine::of(Accel::Tcg), self.stop.as_deref())?;
         Ok(Booted {
             outcome,
             accel: Accel::Tcg,
@@ -173,5 +187,8 @@ pub fn describe(verdict: &Verdict) -> String {
         Verdict::NoBoot(why) => why.clone(),
         Verdict::Timeout => "no verdict within the timeout; QEMU was killed".to_owned(),
         Verdict::Silent => "QEMU exited without the init's verdict".to_owned(),
+        Verdict::Interrupted => {
+            "stopped on the host before the guest's verdict; QEMU was killed".to_owned()
+        }
     }
 }

@@ -23,6 +23,7 @@ pub mod qemu;
 
 mod cmd;
 mod initramfs;
+mod owned;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -137,7 +138,10 @@ pub fn boot(launcher: &mut Launcher, boot: Boot<'_>) -> anyhow::Result<Ran> {
         ],
     };
     let booted = launcher.boot(&mut config)?;
-    if let Some(into) = boot.collect_into {
+    // A guest stopped midway may have sent half an archive.
+    if let Some(into) = boot.collect_into
+        && booted.outcome.verdict != Verdict::Interrupted
+    {
         unpack_collected(&out_tar, into)?;
     }
     Ok(Ran {

@@ -1,7 +1,7 @@
 //! One QEMU run: the command line, and the supervision of the guest through its serial
 //! console and QEMU's stderr, line by line, under two deadlines: the boot deadline (the
-//! init's first line) and the run's timeout. Whatever happens, QEMU does not outlive
-//! [`run`].
+//! init's first line) and the run's timeout, and a stop from the host. Whatever happens,
+//! QEMU does not outlive [`run`] ([`crate::owned`]).
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 use crate::console::{self, Signal};
+use crate::owned::Owned;
 
 pub const QEMU: &str = "qemu-system-x86_64";
 
@@ -31,6 +32,8 @@ const POWEROFF_GRACE: Duration = Duration::from_secs(30);
 const FATAL_GRACE: Duration = Duration::from_secs(2);
 /// How long the KVM probe's QEMU has to fail before KVM counts as startable.
 const KVM_PROBE: Duration = Duration::from_secs(2);
+/// How often a run looks at its stop flag while it waits for the console's next line.
+const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// A QEMU accelerator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,15 +98,17 @@ pub fn probe_kvm() -> Result<(), String> {
         .write(true)
         .open("/dev/kvm")
         .map_err(|err| format!("cannot open /dev/kvm: {err}"))?;
-    let mut child = Command::new(QEMU)
-        .args(["-accel", "kvm", "-cpu", Accel::Kvm.cpu(), "-m", "64", "-S"])
-        .args(["-nodefaults", "-display", "none", "-monitor", "none"])
-        .args(["-serial", "none", "-no-reboot"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|err| format!("cannot run {QEMU}: {err}"))?;
+    let mut owned = Owned::spawn(
+        Command::new(QEMU)
+            .args(["-accel", "kvm", "-cpu", Accel::Kvm.cpu(), "-m", "64", "-S"])
+            .args(["-nodefaults", "-display", "none", "-monitor", "none"])
+            .args(["-serial", "none", "-no-reboot"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )
+    .map_err(|err| format!("cannot run {QEMU}: {err}"))?;
+    let child = owned.child();
     let started = Instant::now();
     while started.elapsed() < KVM_PROBE {
         if let Ok(Some(status)) = child.try_wait() {
@@ -116,8 +121,6 @@ pub fn probe_kvm() -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
-    let _ = child.wait();
     Ok(())
 }
 
@@ -190,6 +193,8 @@ pub enum Verdict {
     Timeout,
     /// QEMU exited after the init started, without a verdict.
     Silent,
+    /// The host stopped the run before the guest's verdict (a signal); QEMU was killed.
+    Interrupted,
 }
 
 impl Verdict {
@@ -261,9 +266,34 @@ struct Watch<'m> {
     boot: Option<Duration>,
     verdict: Option<Verdict>,
     deadline: Instant,
+    /// The host's stop, and whether it came.
+    stop: Option<&'m AtomicBool>,
+    interrupted: bool,
 }
 
 impl Watch<'_> {
+    /// How long to wait for the next line, or `None` once the run is over: the host
+    /// stopped it, or a deadline passed.
+    fn next_wait(&mut self) -> Option<Duration> {
+        if self.stop.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
+            // A verdict already given stands; the guest does not get to power off.
+            self.verdict.get_or_insert(Verdict::Interrupted);
+            self.interrupted = true;
+            return None;
+        }
+        let now = Instant::now();
+        let wake = self.wake();
+        if now >= wake {
+            self.expire();
+            return None;
+        }
+        Some(if self.stop.is_some() {
+            (wake - now).min(STOP_POLL)
+        } else {
+            wake - now
+        })
+    }
+
     /// When to stop waiting for the next line: the boot deadline counts until the init
     /// speaks (or a verdict came first).
     fn wake(&self) -> Instant {
@@ -332,11 +362,17 @@ impl Watch<'_> {
 }
 
 /// Boots the guest and follows it until its verdict, a fatal console line, a missed
-/// deadline or QEMU's exit; QEMU is killed if it outlives that.
+/// deadline, QEMU's exit or `stop` (looked at every [`STOP_POLL`]); QEMU is killed if it
+/// outlives that. What the guest wrote until then is in the outcome and its serial ports'
+/// sinks.
 ///
 /// # Errors
 /// If QEMU cannot be started or the log cannot be written.
-pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome> {
+pub fn run(
+    config: &mut Config<'_>,
+    machine: &Machine,
+    stop: Option<&AtomicBool>,
+) -> anyhow::Result<Outcome> {
     let mut log =
         File::create(config.log).with_context(|| format!("creating {}", config.log.display()))?;
     for serial in &config.serials {
@@ -344,12 +380,13 @@ pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome
             .with_context(|| format!("creating {}", serial.path.display()))?;
     }
     let started = Instant::now();
-    let mut child = command(config, machine).spawn().with_context(|| {
+    let mut owned = Owned::spawn(&mut command(config, machine)).with_context(|| {
         format!(
             "could not run {} (Debian's qemu-system-x86 package has it)",
             config.program.display()
         )
     })?;
+    let child = owned.child();
     let (lines_tx, lines_rx) = mpsc::channel();
     let stdout = child.stdout.take().context("QEMU's stdout")?;
     let stderr = child.stderr.take().context("QEMU's stderr")?;
@@ -375,15 +412,11 @@ pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome
         boot: None,
         verdict: None,
         deadline: started + config.timeout,
+        stop,
+        interrupted: false,
     };
-    loop {
-        let now = Instant::now();
-        let wake = watch.wake();
-        if now >= wake {
-            watch.expire();
-            break;
-        }
-        let line = match lines_rx.recv_timeout(wake - now) {
+    while let Some(wait) = watch.next_wait() {
+        let line = match lines_rx.recv_timeout(wait) {
             Ok(line) => line,
             // QEMU closed its stdout and stderr: it is exiting.
             Err(RecvTimeoutError::Disconnected) => {
@@ -401,15 +434,15 @@ pub fn run(config: &mut Config<'_>, machine: &Machine) -> anyhow::Result<Outcome
     }
     // After a verdict the guest is powering off, and once its pipes closed QEMU is
     // exiting (a process closes its files before it can be reaped): both get a moment.
-    // Otherwise (a deadline, a fatal line: QEMU keeps such guests paused) QEMU is killed
-    // at once.
+    // Otherwise (a deadline, a fatal line: QEMU keeps such guests paused; a stop from the
+    // host) QEMU is killed at once.
     let powering_off = matches!(watch.verdict, Some(Verdict::Success | Verdict::Failure(_)));
-    let grace = if closed || powering_off {
+    let grace = if (closed || powering_off) && !watch.interrupted {
         Duration::from_secs(5)
     } else {
         Duration::ZERO
     };
-    let exit = wait_or_kill(&mut child, grace)?;
+    let exit = wait_or_kill(child, grace)?;
     running.store(false, Ordering::Release);
     // The readers end once QEMU's pipes close, which its exit ensures.
     for reader in readers {
@@ -544,7 +577,7 @@ mod tests {
             boot_deadline,
             ..Machine::of(Accel::Kvm)
         };
-        let outcome = run(&mut config, &machine).expect("the fake QEMU runs");
+        let outcome = run(&mut config, &machine, None).expect("the fake QEMU runs");
         let logged = std::fs::read_to_string(&log).expect("the log");
         assert_eq!(logged.lines().count(), outcome.lines.len());
         (outcome, started.elapsed())
@@ -622,8 +655,49 @@ mod tests {
             boot_deadline: Duration::from_millis(200),
             ..Machine::of(Accel::Tcg)
         };
-        let outcome = run(&mut config, &machine).expect("the fake QEMU runs");
+        let outcome = run(&mut config, &machine, None).expect("the fake QEMU runs");
         assert_eq!(outcome.verdict, Verdict::Timeout);
+    }
+
+    #[test]
+    fn a_stop_from_the_host_kills_a_running_guest_and_keeps_what_it_said() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fake = dir.path().join("fake-qemu");
+        std::fs::write(&fake, "#!/bin/sh\necho 'init: started'\nexec sleep 600\n")
+            .expect("writing the script");
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let log = dir.path().join("console.log");
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut echo = {
+            let stop = Arc::clone(&stop);
+            // The stop comes once the guest has spoken, as a signal would mid-run.
+            move |line: &str| {
+                if line == "init: started" {
+                    stop.store(true, Ordering::SeqCst);
+                }
+            }
+        };
+        let mut config = Config {
+            program: &fake,
+            kernel: Path::new("/nonexistent"),
+            initrd: Path::new("/nonexistent"),
+            append: "",
+            cpus: 1,
+            memory_mib: 64,
+            timeout: Duration::from_mins(10),
+            echo: &mut echo,
+            log: &log,
+            serials: Vec::new(),
+        };
+        let started = Instant::now();
+        let outcome = run(&mut config, &Machine::of(Accel::Tcg), Some(&stop)).expect("runs");
+        assert_eq!(outcome.verdict, Verdict::Interrupted);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(outcome.lines, ["init: started"]);
     }
 
     #[test]

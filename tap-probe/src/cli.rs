@@ -51,10 +51,12 @@ enum Command {
     Vm(crate::cmd::vm::Args),
 }
 
-/// The whole program: the command line, logging to stderr (`RUST_LOG`; warnings by
-/// default, and for `serve` lines journald reads), the subcommand, and an exit code. A
-/// reader of stdout that went away (`| head`) ends the program quietly and successfully, as
-/// it does other command-line tools.
+/// The whole program: logging to stderr (`RUST_LOG`; warnings by default, and for `serve`
+/// lines journald reads), the command line, the subcommand, and how the process ends: the
+/// subcommand's exit code when it ran to its end, or, when a signal, a lost terminal or a
+/// lost reader of stdout stopped it early, that signal once everything is undone
+/// ([`crate::os::signals::exit`]), so the wait status says why; `serve` exits 0 when it
+/// stopped cleanly on a signal.
 #[must_use]
 pub fn main() -> std::process::ExitCode {
     use crate::output::logging::{self, Style};
@@ -65,9 +67,26 @@ pub fn main() -> std::process::ExitCode {
     } else {
         Style::Terminal
     });
-    match run(cli) {
+    let result = run(cli);
+    // A service's normal end is a signal from its manager: it exits 0 once it has stopped
+    // cleanly, as other exporters do, so its manager logs no failure.
+    let stopped_service = service && result.is_ok();
+    if let Some(why) = crate::os::signals::why().filter(|_| !stopped_service) {
+        // The reader of stdout or the terminal is gone: nothing to tell it. Otherwise say
+        // what the command could not finish (what it finished, it said itself).
+        if let Err(err) = result
+            && !crate::output::is_closed_stdout(&err)
+        {
+            if service {
+                log::error!("{why}: {err:#}");
+            } else {
+                eprintln!("tap-probe: {why}: {err:#}");
+            }
+        }
+        crate::os::signals::exit(why);
+    }
+    match result {
         Ok(code) => code,
-        Err(err) if crate::output::is_closed_stdout(&err) => std::process::ExitCode::SUCCESS,
         Err(err) if service => {
             log::error!("error: {err:#}");
             std::process::ExitCode::FAILURE

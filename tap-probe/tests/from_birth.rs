@@ -259,7 +259,7 @@ fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
     assert_eq!(first["rows"], serde_json::json!([]), "{first}");
     flood_a_new_tap(&watch, &ns, "tpb0");
     let (clean, _) = watch.terminate();
-    assert!(clean, "watch exits cleanly on SIGTERM");
+    assert!(clean, "watch stops in order on SIGTERM");
 }
 
 /// A tap created in a namespace that did not exist when the watch began (a VM's own
@@ -287,7 +287,7 @@ fn a_tap_in_a_new_namespace_is_counted_from_its_first_packet() {
     .unwrap();
     flood_a_new_tap(&watch, &ns, "tpb1");
     let (clean, _) = watch.terminate();
-    assert!(clean, "watch exits cleanly on SIGTERM");
+    assert!(clean, "watch stops in order on SIGTERM");
 }
 
 /// Reads `n` frames from the tap's only queue, waiting for them at most `limit`.

@@ -73,12 +73,15 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
     .sent;
     std::thread::sleep(Duration::from_millis(100));
 
-    // SIGINT: the recorder completes the file and exits zero.
+    // SIGINT: the recorder completes the file and ends with it.
     let child = nix::unistd::Pid::from_raw(i32::try_from(recorder.id()).unwrap());
     nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGINT).unwrap();
     let exit = recorder.wait().unwrap();
     let log = pump.join().unwrap();
-    assert!(exit.success(), "record failed: {exit}\n{log}");
+    assert!(
+        common::stopped_by(exit, nix::sys::signal::Signal::SIGINT),
+        "record failed: {exit}\n{log}"
+    );
     let (after, tx_queue_len) = stats();
     let tx_dropped = after.tx_dropped - before.tx_dropped;
     let tx_packets = after.tx_packets - before.tx_packets;
@@ -232,7 +235,10 @@ fn recorded_run(dev: &str, qdisc: RootQdisc, flag: bool) -> (Recording, u64, u64
     nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGINT).unwrap();
     let exit = recorder.wait().unwrap();
     let log = pump.join().unwrap();
-    assert!(exit.success(), "record failed: {exit}\n{log}");
+    assert!(
+        common::stopped_by(exit, nix::sys::signal::Signal::SIGINT),
+        "record failed: {exit}\n{log}"
+    );
     let after = qdisc_stats().unwrap();
     eprintln!(
         "{dev}: {qdisc:?} flag {flag}: sent {sent:?}, read {}\nqdisc {after:?}\n{log}",

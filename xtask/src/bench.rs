@@ -266,10 +266,14 @@ impl Proc {
         bail!("`{}` still ran after {} s", self.shown, timeout.as_secs())
     }
 
-    /// Stops it with SIGINT, as Ctrl-C would, and checks it exited zero. If it has already
-    /// exited, that exit is checked.
+    /// Stops it with SIGINT, as Ctrl-C would, and checks it stopped in order: tap-probe ends
+    /// with the signal that stopped it once its output is complete, bpftrace exits zero. If
+    /// it has already exited, that exit is checked.
     fn interrupt(mut self) -> anyhow::Result<()> {
         let status = self.stop()?;
+        if std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGINT) {
+            return Ok(());
+        }
         self.check(status)
     }
 

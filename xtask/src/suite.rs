@@ -8,10 +8,9 @@
 //!   root, all tests in parallel, but the lib's `privileged_tests` modules;
 //! - on the host, privileged, one test at a time: the lib's `privileged_tests` and every
 //!   test target that requires the `privileged-tests` feature;
-//! - in each guest: only what depends on the kernel: the privileged test targets (but the
-//!   deployment files' checks, [`HOST_ONLY`]), and the lib's `privileged_tests` and
-//!   `kernel_tests` modules (tests that read the running kernel's BTF or kallsyms, which
-//!   need no root).
+//! - in each guest: only what depends on the kernel: the privileged test targets but those
+//!   of [`HOST_ONLY`], and the lib's `privileged_tests` and `kernel_tests` modules (tests
+//!   that read the running kernel's BTF or kallsyms, which need no root).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,6 +45,16 @@ pub(crate) const SCOPE: &[&str] = &[
 /// The feature a test target requires to be privileged.
 const PRIVILEGED_FEATURE: &str = "privileged-tests";
 
+/// Privileged test targets run on the host only:
+/// - `stop` tests how runs end (signals, terminals, pipes, child processes), which is
+///   tap-probe's own doing on every kernel, and boots a guest itself, which a guest cannot;
+/// - `fleet` and `service` check the deployment files (the systemd unit's capabilities and
+///   system call filter, the alert rules and the dashboard against a Prometheus server)
+///   with host tools a guest does not carry (`setpriv`, `strace`, `systemd-analyze`,
+///   `prometheus`). What they see of the kernel, the other privileged targets check in every
+///   guest; the static binary's own run in a guest is stage `dist`.
+const HOST_ONLY: &[&str] = &["stop", "fleet", "service"];
+
 /// Unit test modules whose tests need root (and, so, the kernel).
 pub(crate) const PRIVILEGED_MODULES: &str = "privileged_tests::";
 /// Unit test modules whose tests read the running kernel without needing root.
@@ -74,17 +83,9 @@ pub(crate) struct Binary {
     pub(crate) kind: Kind,
 }
 
-/// Privileged test targets that run on the host alone: they check the deployment files
-/// (the systemd unit's capabilities and system call filter, the alert rules and the
-/// dashboard against a Prometheus server) with host tools a guest does not carry
-/// (`setpriv`, `strace`, `systemd-analyze`, `prometheus`). What they see of the kernel, the
-/// other privileged targets check in every guest; the static binary's own run in a guest is
-/// stage `dist`.
-const HOST_ONLY: &[&str] = &["fleet", "service"];
-
 impl Binary {
     /// Whether its tests depend on the running kernel, as a whole (privileged test targets
-    /// but the host's own) or in part (tap-probe's lib).
+    /// but those of [`HOST_ONLY`]) or in part (tap-probe's lib).
     pub(crate) fn for_guests(&self) -> bool {
         (self.kind == Kind::Privileged && !HOST_ONLY.contains(&self.label.as_str()))
             || (self.kind == Kind::Unit && self.label == "tap-probe-lib")

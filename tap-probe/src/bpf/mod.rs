@@ -3,6 +3,7 @@
 
 pub(crate) mod backend;
 pub(crate) mod kprobe;
+pub(crate) mod loaded;
 pub(crate) mod missed;
 pub(crate) mod object;
 pub(crate) mod probe;

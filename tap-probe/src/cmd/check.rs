@@ -115,8 +115,17 @@ fn run_scenarios(spec: &Spec, baseline: Option<&Baseline>) -> Result<CheckReport
     let mut progress = Progress::stderr();
     let mut scenarios = Vec::with_capacity(total);
     for (i, scenario) in spec.scenarios.iter().enumerate() {
-        if stop.flag().load(std::sync::atomic::Ordering::Relaxed) {
-            anyhow::bail!("interrupted before scenario {:?}", scenario.name);
+        // A stopped run still reports every scenario: those done with their verdicts, the
+        // one cut short and the rest as errors that say so, so CI sees how far it got.
+        if stop.stopped() {
+            let why = crate::os::signals::why().map_or_else(String::new, |why| format!(": {why}"));
+            scenarios.push(ScenarioReport::errored(
+                scenario,
+                format!("not run, the check was stopped{why}"),
+                None,
+                0.0,
+            ));
+            continue;
         }
         progress.update(&Status {
             what: &scenario.name,

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 
 use crate::bpf::backend::Backend;
 use crate::cli::Format;
@@ -77,22 +77,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut watcher = Watcher::with_backend(&KernelInfo::load()?, &filter, Backend::Auto)?;
     let out = output::Output::new(args.format);
     if args.format == Format::Table {
-        eprintln!(
-            "tap-probe demo: tap {}{} in network namespace {}, qdisc {}; a reader takes {} \
-             pkt/s (an emulated slow VM) while {} pkt/s are sent for {} s. Ctrl-C stops early.",
-            device.name,
-            if args.backpressure {
-                " (IFF_BACKPRESSURE)"
-            } else {
-                ""
-            },
-            device.netns_name,
-            clap::ValueEnum::to_possible_value(&args.qdisc)
-                .map_or_else(String::new, |v| v.get_name().to_owned()),
-            args.reader_pps,
-            args.pps,
-            args.duration.as_secs_f64()
-        );
+        eprintln!("{}", banner(args, &device.name, &device.netns_name));
     }
     let mut previous = watcher.refresh()?;
     out.show(&previous, None)?;
@@ -116,8 +101,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 end.saturating_duration_since(Instant::now())
                     .max(Duration::from_millis(50)),
             );
-            // A signal also stops the sender (it shares the flag); the loop ends with it.
-            if stop.sleep(wait) {
+            // A stop also stops the sender (it shares the flag); the loop ends with it.
+            if output::sleep(&stop, wait) {
                 break;
             }
             let report = watcher.refresh()?;
@@ -152,7 +137,33 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
     }
+    if stop.stopped() {
+        bail!(
+            "the demo was cut short after {:.1} s of its {} s; the figures above cover the \
+             traffic until then, and the namespace, the tap and the probes were removed",
+            load.sender.elapsed.as_secs_f64(),
+            args.duration.as_secs_f64()
+        );
+    }
     Ok(())
+}
+
+/// What the demo does, in a sentence, before it starts.
+fn banner(args: &Args, tap: &str, netns: &str) -> String {
+    format!(
+        "tap-probe demo: tap {tap}{} in network namespace {netns}, qdisc {}; a reader takes {} \
+         pkt/s (an emulated slow VM) while {} pkt/s are sent for {} s. Ctrl-C stops early.",
+        if args.backpressure {
+            " (IFF_BACKPRESSURE)"
+        } else {
+            ""
+        },
+        clap::ValueEnum::to_possible_value(&args.qdisc)
+            .map_or_else(String::new, |v| v.get_name().to_owned()),
+        args.reader_pps,
+        args.pps,
+        args.duration.as_secs_f64()
+    )
 }
 
 /// What the demo's traffic did, by the sender's and the kernel's own counts: the `load`

@@ -126,13 +126,18 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     check_capabilities()?;
     let stop = Stop::install()?;
     let report = run_load_with_stop(&cfg, &stop.flag())?;
-    if report.interrupted {
-        bail!("interrupted; the namespace and the tap were removed");
-    }
     crate::output::stdout(&match args.format {
         Format::Json => serde_json::to_string(&report)? + "\n",
         Format::Table => report.table(),
-    })
+    })?;
+    if report.interrupted {
+        bail!(
+            "the load was cut short after {:.1} s of traffic: the report above covers it \
+             (`interrupted` in JSON); the namespace and the tap were removed",
+            report.elapsed_secs
+        );
+    }
+    Ok(())
 }
 
 /// Refuses options that do not apply to the topology, saying what does.
@@ -184,13 +189,17 @@ fn run_veth(args: &Args) -> Result<()> {
     check_capabilities()?;
     let stop = Stop::install()?;
     let report = run_veth_load(&cfg, &stop.flag())?;
-    if report.interrupted {
-        bail!("interrupted; the namespaces and the veth pair were removed");
-    }
     crate::output::stdout(&match args.format {
         Format::Json => serde_json::to_string(&report)? + "\n",
         Format::Table => report.table(),
-    })
+    })?;
+    if report.interrupted {
+        bail!(
+            "the load was cut short: the report above covers the traffic until then \
+             (`interrupted` in JSON); the namespaces and the veth pair were removed"
+        );
+    }
+    Ok(())
 }
 
 /// `load` needs `CAP_SYS_ADMIN` (namespaces, mounts), `CAP_NET_ADMIN` (tap, links, qdiscs)

@@ -1,8 +1,10 @@
 //! `tap-probe vm`: boots a kernel in a QEMU guest with tap-probe inside and runs
 //! `tap-probe ARGS` there. Its standard output is this command's (over a serial port of its
 //! own, byte for byte), its standard error and the kernel's warnings reach this command's
-//! standard error, and its exit status is this command's.
+//! standard error, and its exit status is this command's. The guest's QEMU is this
+//! command's: stopped with it, whatever stops it (see `tap_probe_guest::qemu`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use tap_probe_guest::console::{self, Signal};
 use tap_probe_guest::image::{STDOUT_TTY, sh_quote};
-use tap_probe_guest::{AccelChoice, Image, KernelSpec, Launcher, Verdict, launch};
+use tap_probe_guest::{AccelChoice, Image, KernelSpec, Launcher, Outcome, Verdict, launch};
+
+use crate::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -59,6 +63,9 @@ pub(crate) struct Args {
 /// If the kernel cannot be had, the guest cannot be built or run, or it fails before the
 /// command could give its own exit status.
 pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    // Caught from the start: a stop while the kernel is fetched or the image written ends
+    // the command before QEMU starts; one while the guest runs kills QEMU.
+    let stop = Stop::install()?;
     let cache = tap_probe_guest::cache_dir()?;
     let kernel = tap_probe_guest::kernel::resolve(&args.kernel, args.modules.as_deref(), &cache)?;
     let work = cache.join("vm").join(format!("run-{}", std::process::id()));
@@ -98,6 +105,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
         command.join(" ")
     ));
 
+    if stop.stopped() {
+        bail!("stopped before the guest was booted");
+    }
     eprintln!(
         "tap-probe vm: booting {} ({}); running tap-probe {}",
         kernel.release,
@@ -122,9 +132,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         ended |= verdict;
     };
-    let stdout: tap_probe_guest::Sink = Arc::new(Mutex::new(std::io::stdout()));
+    let stdout: tap_probe_guest::Sink = Arc::new(Mutex::new(GuestStdout));
     let ran = tap_probe_guest::boot(
-        &mut Launcher::new(args.accel, "tap-probe vm"),
+        &mut Launcher::new(args.accel, "tap-probe vm").stop_on(stop.flag()),
         tap_probe_guest::Boot {
             kernel: &kernel,
             image,
@@ -137,25 +147,37 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
             collect_into: out.as_deref(),
         },
     )?;
-    let outcome = &ran.booted.outcome;
     if verbose {
         eprintln!("tap-probe vm: {}", ran.booted.times());
     }
+    exit_code(&ran.booted.outcome, &kernel.release, verbose)
+}
+
+/// The command's exit code from the guest's verdict: the guest command's own, or an error
+/// that says what became of the guest, with its console's last lines.
+fn exit_code(outcome: &Outcome, release: &str, verbose: bool) -> anyhow::Result<ExitCode> {
+    let tail = |n: usize| {
+        if !verbose {
+            eprintln!("tap-probe vm: the guest console's last lines:");
+            for line in outcome.tail(n) {
+                eprintln!("    {line}");
+            }
+        }
+    };
     match &outcome.verdict {
         Verdict::Success => Ok(ExitCode::SUCCESS),
         Verdict::Failure(Some(code)) => Ok(ExitCode::from(u8::try_from(*code).unwrap_or(1))),
-        other => {
-            if !verbose {
-                eprintln!("tap-probe vm: the guest console's last lines:");
-                for line in outcome.tail(20) {
-                    eprintln!("    {line}");
-                }
-            }
+        Verdict::Interrupted => {
+            tail(5);
             bail!(
-                "the guest on {} failed: {}",
-                kernel.release,
-                launch::describe(other)
+                "the guest on {release} was stopped after {:.1} s, before its command ended, \
+                 and its QEMU killed; what the command wrote until then is above",
+                outcome.elapsed.as_secs_f64()
             )
+        }
+        other => {
+            tail(20);
+            bail!("the guest on {release} failed: {}", launch::describe(other))
         }
     }
 }
@@ -170,6 +192,30 @@ fn input_files(args: &[String], cwd: &Path) -> Vec<(String, PathBuf)> {
         .filter(|path| path.is_file())
         .filter_map(|path| Some((path.to_str()?.to_owned(), path)))
         .collect()
+}
+
+/// The guest's standard output on ours. A reader or terminal of ours that went away stops
+/// the run, QEMU included, as it stops every other command.
+struct GuestStdout;
+
+impl Write for GuestStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stdout().write(buf).inspect_err(stop_if_gone)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().flush().inspect_err(stop_if_gone)
+    }
+}
+
+fn stop_if_gone(err: &std::io::Error) {
+    if let Some(code) = err.raw_os_error() {
+        // Stops the run when the error says stdout's other end is gone; any other error
+        // stops the copying only (the guest's output stays in its file until the end).
+        drop(crate::output::stdout_failed(
+            std::io::Error::from_raw_os_error(code),
+        ));
+    }
 }
 
 /// The guest's working files (initramfs, console log) go when the command ends.

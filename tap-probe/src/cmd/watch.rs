@@ -158,7 +158,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         out.show(&first, None)?;
         let mut previous = first;
         while let Some(wait) = next_wait(args.interval, deadline) {
-            if stop.sleep(wait) {
+            if output::sleep(&stop, wait) {
                 break;
             }
             let report = refresh()?;

@@ -36,6 +36,12 @@ pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};
 pub use crate::os::tap::{Tap, TapOptions};
 
+/// What the kernel has loaded and attached, listed through bpf(2): the tests prove with it
+/// that a run left none of its programs behind.
+pub mod loaded {
+    pub use crate::bpf::loaded::{Link, Program, links, programs};
+}
+
 /// Whether this kernel's tun offers `IFF_BACKPRESSURE` (`TUNGETFEATURES`).
 ///
 /// # Errors

@@ -5,8 +5,9 @@
 //! [`Output`], which shows `watch`'s refreshes in the chosen format.
 //!
 //! [`stdout`] is the one way results reach stdout. A reader that went away (`tap-probe ...
-//! | head`) makes writes fail with `EPIPE` (Rust ignores SIGPIPE); that is
-//! [`StdoutClosed`], which ends the program quietly instead of with an error or a panic.
+//! | head`) makes writes fail with `EPIPE` (Rust ignores SIGPIPE), a terminal that hung up
+//! with `EIO`; either stops the run as a signal would ([`crate::os::signals::end`]) and is
+//! [`StdoutClosed`], which ends the command without an error message or a panic.
 
 pub(crate) mod columns;
 pub(crate) mod compact;
@@ -23,14 +24,19 @@ pub(crate) mod tui;
 use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::os::fd::AsFd as _;
+use std::time::{Duration, Instant};
+
+use nix::poll::PollFlags;
 
 use crate::cli::Format;
 use crate::host::report::Report;
+use crate::os::signals::{Stop, Why, Woke};
 use crate::output::columns::Column;
 use crate::output::lines::Gone;
 use crate::output::table::{Align, Table};
 
-/// Stdout was closed by its reader.
+/// Stdout's other end went away: its reader, or its terminal.
 #[derive(Debug)]
 pub(crate) struct StdoutClosed;
 
@@ -45,14 +51,66 @@ impl std::error::Error for StdoutClosed {}
 /// Writes `text` to stdout and flushes it.
 ///
 /// # Errors
-/// [`StdoutClosed`] when the reader went away; the I/O error otherwise.
+/// [`StdoutClosed`] when the reader or the terminal went away (the run is then stopping);
+/// the I/O error otherwise.
 pub(crate) fn stdout(text: &str) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
-        Err(err) => Err(anyhow::Error::new(err).context("writing to stdout")),
+        Err(err) => Err(stdout_failed(err)),
     }
+}
+
+/// Waits `wait` for the next refresh; true, sooner, when the run is to stop: also when
+/// stdout's other end goes away meanwhile (a terminal that hangs up, a pipe's reader
+/// that leaves), which `poll` tells at once however long the interval.
+pub(crate) fn sleep(stop: &Stop, wait: Duration) -> bool {
+    let end = Instant::now() + wait;
+    let stdout = std::io::stdout();
+    // Only an open stdout is watched: a closed one (`>&-`) polls POLLNVAL at once,
+    // every time, and writes to it go nowhere anyway.
+    let watched = nix::fcntl::fcntl(&stdout, nix::fcntl::FcntlArg::F_GETFD).is_ok();
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        // No events asked for: poll reports POLLHUP and POLLERR regardless.
+        match stop.wait(watched.then(|| (stdout.as_fd(), PollFlags::empty())), left) {
+            Woke::Stopped => return true,
+            Woke::Ready(_) => {
+                crate::os::signals::end(if stdout_is_char_device() {
+                    Why::TerminalGone
+                } else {
+                    Why::OutputClosed
+                });
+                return true;
+            }
+            Woke::Timeout if left.is_zero() || Instant::now() >= end => return false,
+            Woke::Timeout => {}
+        }
+    }
+}
+
+/// What a failed write to stdout means: a lost reader or terminal stops the run and is
+/// [`StdoutClosed`]; anything else (a full disk) is an error of its own.
+pub(crate) fn stdout_failed(err: std::io::Error) -> anyhow::Error {
+    let why = match err.raw_os_error() {
+        Some(libc::EPIPE) => Why::OutputClosed,
+        // A hung-up terminal answers writes with EIO (`hung_up_tty_write`); a file on a
+        // failing disk may too, so only a character device counts as a terminal gone.
+        Some(libc::EIO) if stdout_is_char_device() => Why::TerminalGone,
+        _ => return anyhow::Error::new(err).context("writing to stdout"),
+    };
+    crate::os::signals::end(why);
+    StdoutClosed.into()
+}
+
+/// Whether stdout is a character device (a terminal, hung up or not; `isatty` fails on a
+/// hung-up one).
+fn stdout_is_char_device() -> bool {
+    use nix::sys::stat::SFlag;
+    use std::os::fd::AsFd as _;
+    nix::sys::stat::fstat(std::io::stdout().as_fd()).is_ok_and(|st| {
+        SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFCHR
+    })
 }
 
 /// Whether `err` is, or was caused by, [`StdoutClosed`].

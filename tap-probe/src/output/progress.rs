@@ -71,15 +71,14 @@ impl Progress {
         self.drawn = Some(Instant::now());
         let width = crate::output::term::size(&std::io::stderr()).map_or(80, |(w, _)| w);
         let text = line(status, self.started.elapsed(), width);
-        // A status line is not worth an error: the command's results are what matters.
-        let _ = write!(std::io::stderr().lock(), "\r\x1b[K{text}");
+        self.write(&format!("\r\x1b[K{text}"));
     }
 
     /// Prints `text` on a line of its own above the status line, which the next update
     /// redraws. Also when stderr is not a terminal: a note is part of the record.
     pub(crate) fn note(&mut self, text: &str) {
         self.clear();
-        eprintln!("{text}");
+        self.write(&format!("{text}\n"));
     }
 
     /// Clears the status line; later output starts on a clean line.
@@ -89,7 +88,18 @@ impl Progress {
 
     fn clear(&mut self) {
         if self.drawn.take().is_some() {
-            let _ = write!(std::io::stderr().lock(), "\r\x1b[K");
+            self.write("\r\x1b[K");
+        }
+    }
+
+    /// Writes to stderr. A status line is not worth an error, the command's results are
+    /// what matters; but a terminal that hung up (`EIO`) stops the run, as a signal would.
+    fn write(&self, text: &str) {
+        if let Err(err) = std::io::stderr().lock().write_all(text.as_bytes())
+            && self.on
+            && err.raw_os_error() == Some(libc::EIO)
+        {
+            crate::os::signals::end(crate::os::signals::Why::TerminalGone);
         }
     }
 }

@@ -274,6 +274,17 @@ pub(crate) fn assert_backends_agree(
     }
 }
 
+/// Whether `status` is the end of a run that `signal` stopped in order: tap-probe undoes
+/// what it made, finishes what it writes, then ends with that signal, so that its wait
+/// status says why.
+pub(crate) fn stopped_by(
+    status: std::process::ExitStatus,
+    signal: nix::sys::signal::Signal,
+) -> bool {
+    use std::os::unix::process::ExitStatusExt as _;
+    status.signal() == Some(signal as i32)
+}
+
 /// How many times longer than on a real CPU a wait may take here: a guest under QEMU's TCG
 /// (its kernel command line says `tap_probe.accel=tcg`) runs the kernel and the programs
 /// emulated, ten to thirty times slower. Bounds on how long something takes to end are

@@ -63,12 +63,13 @@ impl Running {
         }
     }
 
-    /// Ends it with SIGTERM: whether it exited cleanly, and the lines not taken yet.
+    /// Ends it with SIGTERM: whether it stopped in order ([`super::stopped_by`]), and the
+    /// lines not taken yet.
     pub(crate) fn terminate(mut self) -> (bool, Vec<String>) {
         let mut child = self.guard.0.take().unwrap();
         let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let clean = child.wait().unwrap().success();
+        let clean = super::stopped_by(child.wait().unwrap(), nix::sys::signal::Signal::SIGTERM);
         (clean, self.lines.iter().collect())
     }
 }

@@ -286,7 +286,7 @@ impl Observer {
         })
     }
 
-    /// SIGINT, then check it exited zero.
+    /// SIGINT, then check it stopped in order.
     fn stop(self) -> anyhow::Result<()> {
         self.proc.interrupt()?;
         if let Some(reader) = self.reader {

@@ -320,7 +320,7 @@ impl Recorder {
         }
     }
 
-    /// SIGINT, then check it exited zero (after writing the trailer).
+    /// SIGINT, then check it stopped in order (after writing the trailer).
     fn stop(self) -> anyhow::Result<()> {
         let started = Instant::now();
         self.proc.interrupt()?;

@@ -1,9 +1,13 @@
-//! `watch --tui`: the full-screen view (ratatui on crossterm). The loop waits for a key, a
-//! resize, the next refresh, the end of `--duration` or SIGTERM; q and Ctrl-C end it. The
-//! terminal is restored on every way out: the guard's drop, and a panic hook that restores
-//! it before the panic message is printed (raw mode would garble it otherwise).
+//! `watch --tui`: the full-screen view (ratatui on crossterm). The loop waits, in the stop's
+//! own wait ([`Stop::wait`]), for a key, a resize, the next refresh, the end of
+//! `--duration` or the run's stop (a signal, a terminal that went away); q and Ctrl-C end
+//! it. Keys are read by [`keyboard`], not crossterm (see there why). The terminal is
+//! restored on every way out: the guard's drop, and a panic hook that restores it before
+//! the panic message is printed (raw mode would garble it otherwise).
 
 mod draw;
+mod keyboard;
+mod keys;
 pub(crate) mod state;
 
 use std::io::IsTerminal as _;
@@ -11,18 +15,16 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
+use nix::poll::PollFlags;
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
-use ratatui::crossterm::event::{self, Event, KeyEventKind};
 use ratatui::crossterm::{cursor, execute, terminal};
 
 use crate::host::report::Report;
-use crate::os::signals::Stop;
+use crate::os::signals::{Resize, Stop, Why, Woke};
+use keyboard::{Input, Keyboard};
 pub(crate) use state::State;
-
-/// How long a wait for a key lasts at most, so a signal is noticed soon.
-const POLL: Duration = Duration::from_millis(100);
 
 /// Whether the terminal is in the full-screen view's mode, to be restored.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -30,7 +32,8 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// Checks that the full-screen view can run here.
 ///
 /// # Errors
-/// When stdout is not a terminal, or one that cannot move the cursor (`TERM=dumb`).
+/// When stdout is not a terminal, or one that cannot move the cursor (`TERM=dumb`), or
+/// there is no terminal to read keys from.
 pub(crate) fn check() -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     if !stdout.is_terminal() {
@@ -45,14 +48,15 @@ pub(crate) fn check() -> anyhow::Result<()> {
              TERM to the terminal's type, or leave out --tui for the compact table"
         );
     }
-    Ok(())
+    Keyboard::open().map(drop)
 }
 
-/// Runs the view until a key, a signal or `deadline` ends it, taking a refresh from
-/// `refresh` every `interval`. The terminal is back as it was when this returns.
+/// Runs the view until a key, the run's stop or `deadline` ends it, taking a refresh from
+/// `refresh` every `interval`. A terminal that goes away stops the run
+/// ([`Why::TerminalGone`]). The terminal is back as it was when this returns.
 ///
 /// # Errors
-/// When the terminal cannot be set up or read, or a refresh fails.
+/// When the terminal cannot be set up, or a refresh fails.
 pub(crate) fn run(
     state: &mut State,
     interval: Duration,
@@ -60,17 +64,20 @@ pub(crate) fn run(
     stop: &Stop,
     mut refresh: impl FnMut() -> anyhow::Result<Report>,
 ) -> anyhow::Result<()> {
+    let mut keyboard = Keyboard::open()?;
+    let _resize = Resize::install()?;
     let mut screen = Screen::enter()?;
     let mut next = Instant::now() + interval;
     loop {
+        // A terminal that hung up fails the write (EIO): that stops the run.
         screen
             .terminal
             .draw(|frame| draw::draw(frame, state))
-            .context("drawing the view")?;
+            .map_err(crate::output::stdout_failed)?;
         // Wait for something to redraw for.
         loop {
             let now = Instant::now();
-            if state.quit || stop.stopped() || deadline.is_some_and(|d| now >= d) {
+            if state.quit || deadline.is_some_and(|d| now >= d) {
                 return Ok(());
             }
             if now >= next {
@@ -78,16 +85,25 @@ pub(crate) fn run(
                 next = (next + interval).max(now);
                 break;
             }
-            let wait = next.saturating_duration_since(now).min(POLL);
-            if event::poll(wait).context("reading the terminal")? {
-                match event::read().context("reading the terminal")? {
-                    Event::Key(key) if key.kind != KeyEventKind::Release => {
-                        state.key(key);
+            let until = deadline.map_or(next, |d| d.min(next));
+            match stop.wait(Some((keyboard.fd(), PollFlags::POLLIN)), until - now) {
+                Woke::Stopped => return Ok(()),
+                // A resize, or the time is up (the loop's top tells which).
+                Woke::Timeout if Instant::now() < until => break,
+                Woke::Timeout => {}
+                Woke::Ready(revents) => match keyboard.read(revents) {
+                    Input::Keys(keys) if keys.is_empty() => {}
+                    Input::Keys(keys) => {
+                        for key in keys {
+                            state.key(key);
+                        }
                         break;
                     }
-                    Event::Resize(..) => break,
-                    _ => {}
-                }
+                    Input::Gone => {
+                        crate::os::signals::end(Why::TerminalGone);
+                        return Ok(());
+                    }
+                },
             }
         }
     }
