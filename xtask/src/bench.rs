@@ -39,7 +39,7 @@ enum BenchKind {
     Record(record::Args),
     /// Replay harness speed: in-memory replay events/s on one core, `--live` items/s.
     Replay(replay::Args),
-    /// Per-packet cost of each probe backend (kprobe, auto, tracepoint, fentry) as
+    /// Per-packet cost of each probe backend (kprobe, auto, tracepoint) as
     /// throughput of `tap-probe load` relative to no probe, measured in a QEMU guest (whose
     /// kernel has kprobes) in one boot.
     Backends(backends::Args),

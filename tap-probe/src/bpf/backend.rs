@@ -18,7 +18,9 @@
 //!
 //! fentry/fexit would be cheaper than kprobes, but tun is a module on most distributions and
 //! aya 0.14 loads fentry programs only against vmlinux's BTF, not a module's
-//! (`/sys/kernel/btf/tun`), so there is no fentry backend.
+//! (`/sys/kernel/btf/tun`): `FEntry::load` sets the program's `attach_btf_id` and never its
+//! `attach_btf_obj_fd` (aya `src/programs/fentry.rs`; only `Extension` sets that fd). So
+//! there is no fentry backend, and `doctor` says why.
 
 use anyhow::{Context as _, anyhow, bail};
 use aya::maps::{Array, MapData};
@@ -45,14 +47,14 @@ pub enum Backend {
     /// for running inside another program), then kprobes where only kprobes can see it.
     #[default]
     Auto,
-    Fentry,
     Kprobe,
     Tracepoint,
 }
 
-const FENTRY_UNAVAILABLE: &str = "the fentry backend is not available: tun is a kernel module \
-     on most distributions, and aya 0.14 can load fentry programs only against vmlinux's BTF; \
-     use --backend kprobe or tracepoint";
+/// Why no backend uses fentry, for `doctor` and `auto`'s notes.
+pub(crate) const FENTRY_NOT_OFFERED: &str = "not offered as a backend: tun is a kernel module \
+     on most distributions, and aya 0.14 can load fentry programs only against vmlinux's BTF, \
+     not a module's (/sys/kernel/btf/tun); --backend kprobe or tracepoint instead";
 
 /// What feeds each group of counters, for `doctor`, `watch`, the JSON output and the
 /// trace header. Drops and the queue state have one source on every backend.
@@ -385,12 +387,9 @@ pub(crate) fn attach(
     backend: Backend,
     kernel: &KernelInfo,
 ) -> anyhow::Result<Sources> {
-    if backend == Backend::Fentry {
-        bail!("{FENTRY_UNAVAILABLE}");
-    }
     let mut notes = Vec::new();
     if backend == Backend::Auto {
-        notes.push(format!("fentry: {FENTRY_UNAVAILABLE}"));
+        notes.push(format!("fentry: {FENTRY_NOT_OFFERED}"));
     }
     let with_kprobes = matches!(backend, Backend::Auto | Backend::Kprobe);
     // The tracepoint programs read the kernel's structures through the BTF types of their
@@ -413,7 +412,7 @@ pub(crate) fn attach(
             attach_xmit_tracepoints(ebpf, btf)?;
             Xmit::Tracepoints
         }
-        Backend::Auto | Backend::Fentry => match attach_xmit_tracepoints(ebpf, btf) {
+        Backend::Auto => match attach_xmit_tracepoints(ebpf, btf) {
             Ok(()) => Xmit::Tracepoints,
             Err(err) => {
                 notes.push(format!("xmit tracepoints: {err:#}"));
@@ -465,7 +464,7 @@ pub(crate) fn attach(
             consume_tracepoint(ebpf).context("nothing can count reader takes with tracepoints")?;
             Consume::Tracepoint
         }
-        Backend::Auto | Backend::Fentry => match consume_tracepoint(ebpf) {
+        Backend::Auto => match consume_tracepoint(ebpf) {
             Ok(()) => Consume::Tracepoint,
             Err(err) => {
                 notes.push(format!("consume tracepoint: {err:#}"));

@@ -135,7 +135,10 @@ impl AttachKind {
 
     fn target(self) -> &'static str {
         match self {
-            Self::Kprobe | Self::Fentry => "tun_net_xmit",
+            Self::Kprobe => "tun_net_xmit",
+            // In vmlinux, whose BTF aya loads fentry programs against; tun's functions are in
+            // the module's BTF (see `FENTRY_NOT_OFFERED`).
+            Self::Fentry => "consume_skb",
             Self::RawTp | Self::TpBtf => "net_dev_xmit",
             Self::Tracepoint => "net:net_dev_xmit",
         }
@@ -254,6 +257,8 @@ struct Report {
     ebpf_object: Check,
     tun: Option<Tun>,
     attach: Vec<Trial>,
+    /// Why `--backend` has no fentry value, whatever the fentry trial says.
+    fentry_backend: &'static str,
     backend: Backend,
     kallsyms: Check,
     functions: Vec<Function>,
@@ -362,6 +367,7 @@ fn collect() -> Report {
         ebpf_object,
         tun,
         attach,
+        fentry_backend: crate::bpf::backend::FENTRY_NOT_OFFERED,
         backend,
         kallsyms: kallsyms_check,
         functions,

@@ -114,6 +114,7 @@ pub(super) fn render_table(r: &Report) -> String {
         })
         .collect();
     columns(&mut out, "  ", &rows);
+    let _ = writeln!(out, "  fentry backend: {}", r.fentry_backend);
     match &r.backend {
         Backend::Sources(sources) => {
             let _ = writeln!(out, "\nwatch --backend auto attaches:");
