@@ -189,58 +189,37 @@ const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
 /// reads the maps; much more often than this and the loop would do nothing else.
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A duration in seconds (`--duration 2.5`), more than zero.
+/// A duration above zero (`--duration 2.5`, `--duration 10s`; see [`crate::duration`]).
 ///
 /// # Errors
-/// Not a number, not above zero, or more than a year.
+/// Not a duration, zero, or more than a year.
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    seconds(text, Duration::ZERO, false)
+    crate::duration::within(text, &(Duration::from_nanos(1)..=MAX_DURATION))
 }
 
-/// A duration in seconds that may be zero (`--start-delay 0`).
+/// A duration that may be zero (`--start-delay 0`).
 ///
 /// # Errors
-/// Not a number, negative, or more than a year.
+/// Not a duration, or more than a year.
 pub(crate) fn delay(text: &str) -> Result<Duration, String> {
-    seconds(text, Duration::ZERO, true)
+    crate::duration::within(text, &(Duration::ZERO..=MAX_DURATION))
 }
 
-/// A refresh interval in seconds, at least [`MIN_INTERVAL`].
+/// A refresh interval, at least [`MIN_INTERVAL`].
 ///
 /// # Errors
-/// Not a number, shorter than [`MIN_INTERVAL`], or more than a year.
+/// Not a duration, shorter than [`MIN_INTERVAL`], or more than a year.
 pub(crate) fn interval(text: &str) -> Result<Duration, String> {
-    seconds(text, MIN_INTERVAL, true)
-}
-
-/// The one parser of seconds: a finite number from `min` (inclusive or not) to a year.
-fn seconds(text: &str, min: Duration, min_included: bool) -> Result<Duration, String> {
-    let value: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    let duration = Duration::try_from_secs_f64(value)
-        .map_err(|_| format!("{text} is not a number of seconds from 0 to a year"))?;
-    if duration > MAX_DURATION {
-        return Err(format!("{text} s is more than a year"));
-    }
-    let too_short = if min_included {
-        duration < min
-    } else {
-        duration <= min
-    };
-    if too_short {
-        return Err(if min.is_zero() {
-            format!("{text} s: give a number of seconds above 0")
-        } else {
+    crate::duration::within(text, &(MIN_INTERVAL..=MAX_DURATION)).map_err(|err| {
+        if err.contains("shorter than") {
             format!(
-                "{text} s is shorter than {} s: a refresh scans every namespace, so shorter \
-                 intervals would leave no time for anything else",
-                min.as_secs_f64()
+                "{err}: a refresh scans every namespace, so shorter intervals would leave no \
+                 time for anything else"
             )
-        });
-    }
-    Ok(duration)
+        } else {
+            err
+        }
+    })
 }
 
 #[cfg(test)]
@@ -248,25 +227,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seconds_are_bounded_once() {
+    fn durations_are_bounded_once() {
         assert_eq!(duration("2.5"), Ok(Duration::from_millis(2500)));
         assert_eq!(duration(" 1 "), Ok(Duration::from_secs(1)));
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("2m"), Ok(Duration::from_mins(2)));
         assert!(duration("0").unwrap_err().contains("above 0"));
+        assert!(duration("0s").unwrap_err().contains("above 0"));
         assert!(duration("-1").is_err());
         assert!(duration("nan").is_err());
         assert!(duration("inf").is_err());
-        assert!(duration("1e9").unwrap_err().contains("more than a year"));
-        assert!(duration("abc").unwrap_err().contains("not a number"));
+        assert!(duration("1e9").is_err());
+        let err = duration("1000000000").unwrap_err();
+        assert!(err.contains("longer than 8760h"), "{err}");
+        assert!(duration("abc").unwrap_err().contains("not a duration"));
         assert_eq!(delay("0"), Ok(Duration::ZERO));
+        assert_eq!(delay("0ms"), Ok(Duration::ZERO));
         assert!(delay("-0.5").is_err());
     }
 
     #[test]
     fn interval_has_a_floor() {
         assert_eq!(interval("0.01"), Ok(MIN_INTERVAL));
+        assert_eq!(interval("10ms"), Ok(MIN_INTERVAL));
         assert_eq!(interval("0.5"), Ok(Duration::from_millis(500)));
-        let err = interval("1e-12").unwrap_err();
-        assert!(err.contains("shorter than 0.01 s"), "{err}");
+        let err = interval("0.000000001").unwrap_err();
+        assert!(err.contains("shorter than 10ms"), "{err}");
+        assert!(err.contains("a refresh scans every namespace"), "{err}");
         assert!(interval("0").is_err());
     }
 

@@ -10,6 +10,7 @@ mod bpf;
 mod check;
 mod cli;
 mod cmd;
+mod duration;
 mod host;
 mod kernel;
 pub mod lab;

@@ -7,7 +7,7 @@
 //! qdisc = "fq-codel"          # required: noqueue | pfifo-fast | pfifo | fq-codel
 //! backpressure = true         # open the tap with IFF_BACKPRESSURE (default false)
 //! tx_queue_len = 1000         # the tap's ring size, 1..=524288 (default 1000)
-//! packets = 50000             # and/or duration = "10s" (ms, s, m, h); at least one
+//! packets = 50000             # and/or duration = "10s" (10, 10s, 500ms, 2m); at least one
 //! sender_threads = 1          # 1..=16 (default 1)
 //! pps = 0                     # 0: as fast as possible (default)
 //! reader = "read"             # read | vhost (default read)
@@ -252,12 +252,9 @@ struct RawScenario {
     expect: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
-/// A duration as written. A bare number is kept, to be refused with the rest of the
-/// scenario's problems and with what to write instead.
-enum DurationText {
-    Text(String),
-    Number(String),
-}
+/// A duration as written: a string (`"10s"`, `"500ms"`) or a bare number of seconds, both
+/// parsed by [`crate::duration`] as on the command line.
+struct DurationText(String);
 
 impl<'de> Deserialize<'de> for DurationText {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -265,16 +262,19 @@ impl<'de> Deserialize<'de> for DurationText {
         impl serde::de::Visitor<'_> for Visitor {
             type Value = DurationText;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string with a unit, e.g. duration = \"10s\" (ms, s, m, h)")
+                f.write_str(
+                    "seconds, or a string with a unit, e.g. duration = 10, \"10s\", \"500ms\", \
+                     \"2m\"",
+                )
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DurationText, E> {
-                Ok(DurationText::Text(v.to_owned()))
+                Ok(DurationText(v.to_owned()))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<DurationText, E> {
-                Ok(DurationText::Number(v.to_string()))
+                Ok(DurationText(v.to_string()))
             }
             fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<DurationText, E> {
-                Ok(DurationText::Number(v.to_string()))
+                Ok(DurationText(v.to_string()))
             }
         }
         d.deserialize_any(Visitor)
@@ -380,14 +380,7 @@ impl Checker<'_> {
         );
         let duration = raw.duration.and_then(|d| {
             let span = d.span();
-            let parsed = match d.get_ref() {
-                DurationText::Text(text) => parse_duration(text),
-                DurationText::Number(n) => Err(format!(
-                    "a duration is a string with a unit: write duration = \"{n}s\" \
-                     (units ms, s, m, h)"
-                )),
-            };
-            match parsed {
+            match parse_duration(&d.get_ref().0) {
                 Ok(d) => Some(d),
                 Err(message) => {
                     self.push(Some("duration"), Some(span), message, None);
@@ -559,58 +552,23 @@ fn check_baseline(
     Ok(())
 }
 
-/// `"10s"`, `"500ms"`, `"2m"`, `"1h"`, `"1.5s"`: more than 0, at most an hour, in whole
-/// milliseconds.
+/// A scenario's duration ([`crate::duration`]): more than 0, at most an hour, in whole
+/// milliseconds (the sender's clock).
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || {
-        format!(
-            "{text:?} is not a duration: write a number and a unit, e.g. \"10s\", \"500ms\", \
-             \"2m\" (units ms, s, m, h)"
-        )
-    };
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .ok_or_else(bad)?;
-    let (number, unit) = trimmed.split_at(split);
-    let unit_ns: u128 = match unit {
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        _ => return Err(bad()),
-    };
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty()
-        || (number.contains('.') && fraction.is_empty())
-        || fraction.contains('.')
-        || whole.len() > 12
-        || fraction.len() > 9
-    {
-        return Err(bad());
-    }
-    let whole: u128 = whole.parse().map_err(|_| bad())?;
-    let fraction_digits = u32::try_from(fraction.len()).map_err(|_| bad())?;
-    let fraction: u128 = if fraction.is_empty() {
-        0
-    } else {
-        fraction.parse().map_err(|_| bad())?
-    };
-    let ns = whole * unit_ns + fraction * unit_ns / 10u128.pow(fraction_digits);
-    if !ns.is_multiple_of(1_000_000) || ns == 0 {
+    let duration =
+        crate::duration::within(text, &(Duration::ZERO..=MAX_DURATION)).map_err(|err| {
+            if err.contains("longer than") {
+                format!("{err}; split longer runs into several scenarios")
+            } else {
+                err
+            }
+        })?;
+    if duration.is_zero() || !duration.as_nanos().is_multiple_of(1_000_000) {
         return Err(format!(
             "{text:?} is not a whole number of milliseconds above 0; use e.g. \"1ms\" or more"
         ));
     }
-    if ns > MAX_DURATION.as_nanos() {
-        return Err(format!(
-            "{text:?} is longer than an hour; use at most \"1h\" and split longer runs into \
-             several scenarios"
-        ));
-    }
-    u64::try_from(ns)
-        .map(Duration::from_nanos)
-        .map_err(|_| bad())
+    Ok(duration)
 }
 
 /// A problem the TOML reader found (syntax, unknown key, wrong type), with its scenario
@@ -912,6 +870,8 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent", "stuck == 
             ("0.001s", 1),
             (" 3s ", 3000),
             ("60m", 3_600_000),
+            ("10", 10_000),
+            ("2.5", 2_500),
         ] {
             assert_eq!(
                 parse_duration(text),
@@ -920,7 +880,6 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent", "stuck == 
             );
         }
         for (text, message) in [
-            ("10", "not a duration"),
             ("s", "not a duration"),
             ("10 s", "not a duration"),
             ("10sec", "not a duration"),
@@ -932,17 +891,22 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent", "stuck == 
             ("99999999999999999999s", "not a duration"),
             ("0s", "above 0"),
             ("0.0001s", "whole number of milliseconds"),
-            ("61m", "longer than an hour"),
-            ("1.001h", "longer than an hour"),
+            ("61m", "longer than 1h"),
+            ("1.001h", "longer than 1h; split longer runs"),
         ] {
             let err = parse_duration(text).unwrap_err();
             assert!(err.contains(message), "{text}: {err}");
         }
-        let err = only_error(&with("duration = 10"));
+        for (toml, ms) in [("duration = 10", 10_000), ("duration = 2.5", 2_500)] {
+            let text = format!(
+                "[[scenario]]\nname = \"d\"\nqdisc = \"noqueue\"\n{toml}\nexpect = [\"sent > 0\"]\n"
+            );
+            let t = &parse(&text).unwrap().scenarios[0].traffic;
+            assert_eq!(t.duration, Some(Duration::from_millis(ms)), "{toml}");
+        }
+        let err = only_error(&with("duration = -1"));
         assert_eq!(err.key.as_deref(), Some("duration"));
-        assert!(err.message.contains("write duration = \"10s\""), "{err}");
-        let err = only_error(&with("duration = 2.5"));
-        assert!(err.message.contains("write duration = \"2.5s\""), "{err}");
+        assert!(err.message.contains("not a duration"), "{err}");
         let err = only_error(&with("duration = true"));
         assert!(err.message.contains("a string with a unit"), "{err}");
         let err = only_error(&with("duration = \"61m\""));
@@ -1167,7 +1131,7 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent", "stuck == 
 
     #[test]
     fn all_problems_are_reported_at_once() {
-        let text = "[[scenario]]\nname = \"a\"\nqdisc = \"pfifo\"\npackets = 0\nsender_threads = 99\nexpect = [\"sent ==\", \"nope == 1\", \"sent == 1\"]\n\n[[scenario]]\nname = \"b\"\nqdisc = \"noqueue\"\nduration = 5\nexpect = [\"sent > 0\"]\n";
+        let text = "[[scenario]]\nname = \"a\"\nqdisc = \"pfifo\"\npackets = 0\nsender_threads = 99\nexpect = [\"sent ==\", \"nope == 1\", \"sent == 1\"]\n\n[[scenario]]\nname = \"b\"\nqdisc = \"noqueue\"\nduration = -5\nexpect = [\"sent > 0\"]\n";
         let keys: Vec<String> = errors(text)
             .iter()
             .map(|e| {

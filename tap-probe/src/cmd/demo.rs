@@ -20,8 +20,8 @@ use crate::output;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Seconds of traffic.
-    #[arg(long, value_name = "SECS", default_value = "10", value_parser = crate::cli::duration)]
+    /// How long to send (seconds, or with a unit: 500ms, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "10", value_parser = crate::cli::duration)]
     pub(crate) duration: Duration,
     /// Root qdisc on the tap.
     #[arg(long, value_enum, default_value_t = QdiscArg::PfifoFast)]
@@ -36,8 +36,8 @@ pub(crate) struct Args {
     /// Packets per second sent into the tap.
     #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) pps: u64,
-    /// Seconds between refreshes (at least 0.01).
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::interval)]
+    /// Time between refreshes (seconds, or with a unit; at least 10ms).
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::interval)]
     pub(crate) interval: Duration,
     #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,

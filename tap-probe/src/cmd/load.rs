@@ -66,8 +66,8 @@ pub(crate) struct Args {
     /// Packets to send at most.
     #[arg(long, default_value_t = 2_000_000)]
     pub(crate) packets: u64,
-    /// Seconds to send at most.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cli::duration)]
+    /// How long to send at most (seconds, or with a unit: 500ms, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "5", value_parser = crate::cli::duration)]
     pub(crate) duration: Duration,
     /// Ethernet frame length in bytes.
     #[arg(long, default_value_t = 64)]
@@ -87,9 +87,9 @@ pub(crate) struct Args {
     /// Frames per sendmmsg call.
     #[arg(long, default_value_t = 64)]
     pub(crate) batch: usize,
-    /// Seconds to wait after the tap is up before sending (time for a separately started
+    /// How long to wait after the tap is up before sending (time for a separately started
     /// `tap-probe watch` to discover it).
-    #[arg(long, value_name = "SECS", default_value = "0", value_parser = crate::cli::delay)]
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = crate::cli::delay)]
     pub(crate) start_delay: Duration,
     #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,

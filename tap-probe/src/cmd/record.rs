@@ -45,8 +45,9 @@ pub(crate) struct Args {
     pub(crate) output: PathBuf,
     #[command(flatten)]
     pub(crate) devices: crate::cli::DeviceArgs,
-    /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "SECS", value_parser = crate::cli::duration)]
+    /// Stop after this long (seconds, or with a unit: 500ms, 2m; default: until Ctrl-C or
+    /// SIGTERM).
+    #[arg(long, value_name = "DURATION", value_parser = crate::cli::duration)]
     pub(crate) duration: Option<Duration>,
     /// Start even if no device matches yet: attach, then wait for the first matching
     /// devices to appear and record those (devices that appear later are not added).

@@ -53,8 +53,8 @@ pub(crate) struct Args {
     /// Run the policies on a real ring between two pinned threads and report items/s.
     #[arg(long)]
     pub(crate) live: bool,
-    /// Seconds per policy for `--live`.
-    #[arg(long, default_value = "1", value_name = "SECS", value_parser = crate::cli::duration)]
+    /// How long each policy runs for `--live` (seconds, or with a unit: 500ms, 2m).
+    #[arg(long, default_value = "1", value_name = "DURATION", value_parser = crate::cli::duration)]
     pub(crate) live_duration: Duration,
     /// Busy work per item the `--live` reader does (loop rounds), to make it the slower side.
     #[arg(long, default_value_t = 0, value_name = "ROUNDS")]

@@ -20,14 +20,14 @@ pub(crate) struct Args {
     /// Where to serve `/metrics` and `/healthz` (IP:PORT; port 0 picks a free one, logged).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     pub(crate) listen: SocketAddr,
-    /// Seconds between refreshes: each rescans processes and namespaces for devices and
+    /// Time between refreshes (seconds, or with a unit: 500ms, 2m): each rescans processes and namespaces for devices and
     /// their owners, and reads the counters scrapes are then served.
-    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cli::interval)]
+    #[arg(long, value_name = "DURATION", default_value = "5", value_parser = crate::cli::interval)]
     pub(crate) interval: Duration,
-    /// Seconds the series of a device that went away are still served, with the counts it
+    /// How long the series of a device that went away are still served, with the counts it
     /// had when it went, so that a scrape sees its last increase; after that they are
     /// dropped (0: at once). Make it longer than Prometheus' scrape interval.
-    #[arg(long, value_name = "SECS", default_value = "300", value_parser = crate::cli::delay)]
+    #[arg(long, value_name = "DURATION", default_value = "300", value_parser = crate::cli::delay)]
     pub(crate) forget_after: Duration,
     /// Which kernel hooks feed the counters (`tap-probe doctor` shows what this kernel
     /// allows).
@@ -37,9 +37,9 @@ pub(crate) struct Args {
     /// costs every packet a sample).
     #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
     pub(crate) occupancy: Occupancy,
-    /// Call a queue stuck when it stays stopped this many seconds with no packet taken by
-    /// its reader.
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::duration)]
+    /// Call a queue stuck when it stays stopped this long (seconds, or with a unit) with no
+    /// packet taken by its reader.
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::duration)]
     pub(crate) stuck_after: Duration,
 }
 

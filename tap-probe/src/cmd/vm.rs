@@ -42,9 +42,10 @@ pub(crate) struct Args {
     /// Guest memory in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 2048, value_parser = clap::value_parser!(u32).range(256..=65536))]
     memory: u32,
-    /// Give up on the guest (and kill QEMU) after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(10..=86400))]
-    timeout: u64,
+    /// Give up on the guest (and kill QEMU) after this long (seconds, or with a unit: 90m;
+    /// 10s to 24h).
+    #[arg(long, value_name = "DURATION", default_value = "3600", value_parser = timeout)]
+    timeout: Duration,
     /// A directory the command writes results into (`--junit out/junit.xml`): it exists in
     /// the guest at the same path and its contents come back here afterwards.
     #[arg(long, value_name = "DIR")]
@@ -55,6 +56,11 @@ pub(crate) struct Args {
     /// What to run in the guest: `tap-probe ARGS`, after `--`.
     #[arg(last = true, required = true, value_name = "ARGS")]
     command: Vec<String>,
+}
+
+/// `--timeout`: long enough for a guest to boot under emulation, at most a day.
+fn timeout(text: &str) -> Result<Duration, String> {
+    crate::duration::within(text, &(Duration::from_secs(10)..=Duration::from_hours(24)))
 }
 
 /// Runs `tap-probe vm`.
@@ -141,7 +147,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
             dir: &work,
             cpus: args.cpus,
             memory_mib: args.memory,
-            timeout: Duration::from_secs(args.timeout),
+            timeout: args.timeout,
             echo: &mut echo,
             stdout: Some(stdout),
             collect_into: out.as_deref(),

@@ -17,12 +17,12 @@ use crate::output::{self, View, tui};
 pub(crate) struct Args {
     #[command(flatten)]
     pub(crate) devices: crate::cli::DeviceArgs,
-    /// Seconds between refreshes (at least 0.01). A refresh scans every namespace and reads
+    /// Time between refreshes (seconds, or with a unit: 500ms, 2m; at least 10ms). A refresh scans every namespace and reads
     /// the counters: its cost is the watcher's own CPU, never the packets'.
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::interval)]
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::interval)]
     pub(crate) interval: Duration,
-    /// Stop after this many seconds (default: until Ctrl-C or SIGTERM).
-    #[arg(long, value_name = "SECS", value_parser = crate::cli::duration)]
+    /// Stop after this long (seconds, or with a unit; default: until Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "DURATION", value_parser = crate::cli::duration)]
     pub(crate) duration: Option<Duration>,
     #[arg(long, value_enum, default_value_t)]
     pub(crate) format: Format,
@@ -46,9 +46,9 @@ pub(crate) struct Args {
     /// most costly counter under a flood), `off`.
     #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
     pub(crate) occupancy: Occupancy,
-    /// Call a queue stuck when it stays stopped this many seconds with no packet taken by
-    /// its reader.
-    #[arg(long, value_name = "SECS", default_value = "1", value_parser = crate::cli::duration)]
+    /// Call a queue stuck when it stays stopped this long (seconds, or with a unit) with no
+    /// packet taken by its reader.
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::duration)]
     pub(crate) stuck_after: Duration,
     /// Also serve the counters for Prometheus at `http://ADDR/metrics`, refreshed every
     /// interval (ADDR as IP:PORT, e.g. 127.0.0.1:9464; port 0 picks a free one, printed on

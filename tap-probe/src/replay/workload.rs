@@ -14,12 +14,14 @@
 //!          | "burst:" count ":" rate             bursts of `count` back to back, `rate` on average
 //!          | "pause:" rate ":" time ":" time     `rate` for the first time, then idle for the second
 //! rate     = number [ "k" | "M" ]                per second, e.g. 200k, 1.5M
-//! time     = number ( "ns" | "us" | "ms" | "s" )  (a bare number is seconds)
+//! time     = a duration as everywhere else (`crate::duration`): 2s, 500ms, 2m, or a bare
+//!            number of seconds, and here also us and ns; from 1 ns to a day
 //! ```
 //!
 //! Example: `producer=const:200k,consumer=poisson:150k,duration=2s,ring=256`.
 
 use std::fmt;
+use std::time::Duration;
 
 use super::{ARRIVAL, Ops};
 
@@ -329,33 +331,14 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 
 /// A duration in ns, in (0, 1 day].
 fn parse_time(s: &str) -> Result<u64, String> {
-    let (num, unit) = if let Some(n) = s.strip_suffix("ns") {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix("us") {
-        (n, 1e3)
-    } else if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e6)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1e9)
-    } else {
-        (s, 1e9)
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("time {s:?} is not a number with a unit (ns, us, ms, s)"))?;
-    let ns = v * unit;
-    if !ns.is_finite() || ns < 1.0 {
+    let time = crate::duration::parse(s).map_err(|e| format!("time {e}"))?;
+    if time < Duration::from_nanos(1) {
         return Err(format!("time {s:?} must be at least 1 ns"));
     }
-    if ns > 86_400e9 {
+    if time > Duration::from_hours(24) {
         return Err(format!("time {s:?} is longer than a day"));
     }
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "checked to be in [1, 8.64e13]"
-    )]
-    Ok(ns as u64)
+    u64::try_from(time.as_nanos()).map_err(|_| format!("time {s:?} is longer than a day"))
 }
 
 fn parse_count(s: &str, max: u32) -> Result<u32, String> {
@@ -446,8 +429,13 @@ mod tests {
             ("producer=fast,consumer=const:1", "unknown process"),
             ("producer=burst:0:1k,consumer=const:1", "outside 1..="),
             (
-                "producer=const:1G,consumer=const:1G,duration=1h",
-                "not a number",
+                "producer=const:1G,consumer=const:1G,duration=1d",
+                "not a duration",
+            ),
+            ("producer=const:1G,consumer=const:1G,duration=1h", "at most"),
+            (
+                "producer=const:1k,consumer=const:1k,duration=25h",
+                "longer than a day",
             ),
             (
                 "producer=const:1G,consumer=const:1G,duration=10s",
