@@ -292,6 +292,7 @@ impl<H: Host> Tracker<H> {
             .chain(self.pending.iter())
             .filter_map(|&key| Some((key, self.host.queue_counters(key).ok()?)))
             .collect();
+        let scanned_at = std::time::Instant::now();
         let Scan {
             matching,
             left_out,
@@ -299,7 +300,7 @@ impl<H: Host> Tracker<H> {
         } = self.host.devices()?;
         // The statistics were read with the scan; what the kernel had counted by then reaches
         // the probes before their counters are read below (see `baseline`).
-        self.host.settle();
+        self.host.settle(scanned_at.elapsed());
 
         let now_ns = self.host.now_ns();
         let mut rows = Vec::new();
@@ -872,7 +873,7 @@ mod tests {
                 .ok_or_else(|| anyhow::anyhow!("no device {key:?}"))
         }
 
-        fn settle(&self) {
+        fn settle(&self, _read_took: std::time::Duration) {
             self.land();
         }
 
