@@ -11,7 +11,9 @@ use crate::bpf::missed::ProgramMissed;
 use crate::bpf::probe::{Counting, DeviceCounters, Full, Occupancy, Probe};
 use crate::host::baseline::{self, Baseline, counted_between};
 use crate::host::discovery::{Device, Discovery, Filter, Scan};
-use crate::host::report::{KernelAtStart, KernelDeltas, Report, Row, RowContext, device_rows};
+use crate::host::report::{
+    KernelAtStart, KernelDeltas, Report, Row, RowContext, Untracked, device_rows,
+};
 use crate::host::{Host, LiveHost};
 use crate::kernel::modules::ModuleChange;
 use crate::kernel::{KernelInfo, ReasonNames, TunBackpressure};
@@ -92,14 +94,6 @@ impl Tracked {
             })
             .collect()
     }
-}
-
-/// A device that matches the filter but is not counted.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Untracked {
-    pub ifname: String,
-    pub netns: String,
-    pub reason: String,
 }
 
 impl Watcher {

@@ -161,21 +161,6 @@ impl KernelInfo {
     pub fn reports_kprobe_misses(&self) -> bool {
         self.kprobe_link_missed.is_some()
     }
-
-    /// The backends this kernel has what they need for (kprobes; the `consume_skb`
-    /// tracepoint's `location`), so a test can require each of them to attach.
-    #[must_use]
-    pub fn backends(&self) -> Vec<crate::bpf::backend::Backend> {
-        use crate::bpf::backend::Backend;
-        let mut backends = Vec::new();
-        if self.consume_has_location {
-            backends.push(Backend::Tracepoint);
-        }
-        if crate::bpf::kprobe::available() {
-            backends.push(Backend::Kprobe);
-        }
-        backends
-    }
 }
 
 /// Maps `enum skb_drop_reason` values to names.

@@ -34,6 +34,7 @@ pub use crate::lab::traffic::{
 };
 pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};
+pub use crate::os::root;
 pub use crate::os::tap::{Tap, TapOptions};
 
 /// What the kernel has loaded and attached, listed through bpf(2): the tests prove with it
@@ -64,15 +65,4 @@ pub fn program_recursion_misses(id: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no program {id} is loaded"))?;
     let fd = program.fd()?;
     Ok(crate::bpf::missed::recursion_misses(fd.as_fd())?)
-}
-
-/// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,
-/// the form aya's tests use).
-#[must_use]
-pub fn root() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        eprintln!("skipping test - not root");
-    }
-    root
 }

@@ -8,10 +8,10 @@ use tap_probe_common::KernelFacts;
 
 use crate::bpf::backend::Sources;
 use crate::bpf::probe::Probe;
-use crate::cli::Format;
 use crate::kernel::kallsyms::Kallsyms;
 use crate::kernel::{KernelInfo, TunBackpressure};
 use crate::kernel::{btf, kallsyms, privileges};
+use crate::output::Format;
 
 mod render;
 mod trials;
