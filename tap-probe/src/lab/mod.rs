@@ -43,12 +43,13 @@ pub mod loaded {
     pub use crate::bpf::loaded::{Link, Program, links, programs};
 }
 
-/// Whether this kernel's tun offers `IFF_BACKPRESSURE` (`TUNGETFEATURES`).
+/// Whether this kernel's tun offers `IFF_BACKPRESSURE` (the fix as merged), as
+/// [`KernelInfo`] tells it.
 ///
 /// # Errors
-/// When `/dev/net/tun` cannot be asked.
+/// When `/dev/net/tun` cannot be asked, or kallsyms cannot be read.
 pub fn tun_has_backpressure() -> anyhow::Result<bool> {
-    Ok(crate::os::tap::tun_features()? & crate::os::tap::IFF_BACKPRESSURE != 0)
+    Ok(KernelInfo::tun_backpressure_now()? == TunBackpressure::OptIn)
 }
 
 /// The runs of the loaded program `id` the kernel skipped (`bpf_prog_info.recursion_misses`),
