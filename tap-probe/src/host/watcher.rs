@@ -641,7 +641,7 @@ fn warn_untracked(names: &[String], total: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 
@@ -654,9 +654,9 @@ mod tests {
     use crate::os::netlink::LinkStats;
 
     /// A host whose devices and counters the test sets, and which records what the
-    /// tracker asked of it.
-    struct FakeHost {
-        devices: Vec<Device>,
+    /// tracker asked of it (the recording's tests use it too).
+    pub(crate) struct FakeHost {
+        pub(crate) devices: Vec<Device>,
         /// Devices of the counted drivers that the filter leaves out.
         left_out: Vec<DeviceKey>,
         /// Devices the programs registered at their first packet (once registering).
@@ -667,11 +667,11 @@ mod tests {
         counters: HashMap<DeviceKey, DeviceCounters>,
         tracked: HashMap<DeviceKey, u32>,
         /// Every call, in order: `refresh`, `track IFINDEX N`, `untrack IFINDEX`.
-        calls: Vec<String>,
+        pub(crate) calls: Vec<String>,
         now_ns: u64,
         sources: Sources,
         /// How many devices the probe has room for.
-        room: usize,
+        pub(crate) room: usize,
         wire: RefCell<Option<Wire>>,
         /// What the kernel skipped of each program, as the next reads find it.
         missed: Vec<ProgramMissed>,
@@ -735,7 +735,7 @@ mod tests {
     }
 
     impl FakeHost {
-        fn new() -> Self {
+        pub(crate) fn new() -> Self {
             Self {
                 devices: Vec::new(),
                 left_out: Vec::new(),
@@ -893,7 +893,7 @@ mod tests {
         }
     }
 
-    fn device(ifindex: u32, name: &str, tx_packets: u64, tx_dropped: u64) -> Device {
+    pub(crate) fn device(ifindex: u32, name: &str, tx_packets: u64, tx_dropped: u64) -> Device {
         Device {
             key: DeviceKey { netns: 7, ifindex },
             name: name.to_owned(),
