@@ -13,9 +13,9 @@ use crate::check::baseline::Baseline;
 use crate::check::report::{CheckReport, Exit, ScenarioReport};
 use crate::check::spec::Spec;
 use crate::check::{junit, run};
-use crate::cli::Format;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
+use crate::output::Format;
 use crate::output::progress::{Progress, Status};
 
 #[derive(Debug, clap::Args)]

@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use tap_probe_common::EventKind;
 use tap_probe_trace::{MAX_RING_SIZE, TraceError};
 
-use crate::cli::Format;
+use crate::output::Format;
 use crate::output::table::{Align, Table};
 use crate::replay::live::{self, LiveConfig, LiveResult};
 use crate::replay::plot::{self, Panel};

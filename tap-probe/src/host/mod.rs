@@ -1,9 +1,11 @@
 //! The host as tap-probe watches it: which devices exist, which are tracked, what each
-//! refresh shows, and the recorder that turns events into a trace.
+//! refresh shows, the devices a recording follows, and the recorder that turns events into
+//! a trace.
 
 pub(crate) mod baseline;
 pub(crate) mod discovery;
 pub(crate) mod recorder;
+pub(crate) mod recording;
 pub(crate) mod report;
 pub(crate) mod watcher;
 
