@@ -16,7 +16,7 @@ pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
     version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TAP_PROBE_COMMIT"), ")"),
     about = "Count what happens to packets on the transmit path of tun/tap devices"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -48,6 +48,10 @@ enum Command {
     /// Boot a kernel in a QEMU guest and run `tap-probe ARGS` there: its output and exit
     /// status are this command's.
     Vm(crate::cmd::vm::Args),
+    /// Print the command-line reference (`docs/cli.md`) as markdown; `cargo xtask docs`
+    /// writes it.
+    #[command(hide = true)]
+    CliReference,
 }
 
 /// The whole program: logging to stderr (`RUST_LOG`; warnings by default, and for `serve`
@@ -115,6 +119,10 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Bench(args) => crate::cmd::bench::run(&args).map(success),
         Command::Check(args) => crate::cmd::check::run(&args),
         Command::Vm(args) => crate::cmd::vm::run(&args),
+        Command::CliReference => {
+            let page = crate::cli_reference::markdown(&<Cli as clap::CommandFactory>::command());
+            crate::output::stdout(&page).map(success)
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::output::progress::{Progress, Status};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The scenario file (TOML `[[scenario]]` tables; see README "tap-probe check").
+    /// The scenario file (TOML `[[scenario]]` tables; see docs/check-and-bench.md).
     spec: PathBuf,
     /// Values of an earlier run (`--save-baseline`), for `baseline.NAME` in expectations.
     #[arg(long, value_name = "FILE")]
