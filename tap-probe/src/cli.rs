@@ -1,12 +1,11 @@
 //! Command-line interface: the top-level command, its dispatch, and what several
-//! subcommands share (the output format, durations, device filters). Each subcommand's own
-//! arguments live with it.
+//! subcommands share (durations, device filters). Each subcommand's own arguments live
+//! with it; closed sets that a lower layer reads too (the output format, the qdisc) live
+//! with that layer, so no layer imports the command line.
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-
-use crate::os::netlink::RootQdisc;
 
 /// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
 pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
@@ -17,7 +16,7 @@ pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
     version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TAP_PROBE_COMMIT"), ")"),
     about = "Count what happens to packets on the transmit path of tun/tap devices"
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -49,6 +48,10 @@ enum Command {
     /// Boot a kernel in a QEMU guest and run `tap-probe ARGS` there: its output and exit
     /// status are this command's.
     Vm(crate::cmd::vm::Args),
+    /// Print the command-line reference (`docs/cli.md`) as markdown; `cargo xtask docs`
+    /// writes it.
+    #[command(hide = true)]
+    CliReference,
 }
 
 /// The whole program: logging to stderr (`RUST_LOG`; warnings by default, and for `serve`
@@ -116,17 +119,11 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Bench(args) => crate::cmd::bench::run(&args).map(success),
         Command::Check(args) => crate::cmd::check::run(&args),
         Command::Vm(args) => crate::cmd::vm::run(&args),
+        Command::CliReference => {
+            let page = crate::cli_reference::markdown(&<Cli as clap::CommandFactory>::command());
+            crate::output::stdout(&page).map(success)
+        }
     }
-}
-
-/// How a subcommand prints its results (`--format`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Format {
-    /// Aligned text for people (`watch` redraws it in place on a terminal).
-    #[default]
-    Table,
-    /// JSON for programs (`watch`: one object per line and refresh).
-    Json,
 }
 
 /// Which devices to watch or record (`--dev`, `--netns`).
@@ -153,31 +150,6 @@ impl DeviceArgs {
             globs: self.devs.clone(),
             netns: self.netns.clone(),
             macvtap: self.macvtap,
-        }
-    }
-}
-
-/// The root qdisc `load`, `demo` and `check` install on their tap (`--qdisc`, a spec's
-/// `qdisc`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum QdiscArg {
-    Noqueue,
-    PfifoFast,
-    Pfifo,
-    /// `fq_codel` (the default of most distributions; a module or absent on some kernels).
-    FqCodel,
-}
-
-impl From<QdiscArg> for RootQdisc {
-    fn from(q: QdiscArg) -> Self {
-        match q {
-            QdiscArg::Noqueue => Self::Noqueue,
-            QdiscArg::PfifoFast => Self::PfifoFast,
-            QdiscArg::Pfifo => Self::Pfifo { limit: None },
-            QdiscArg::FqCodel => Self::FqCodel,
         }
     }
 }

@@ -9,6 +9,7 @@ mod bench;
 mod bpf;
 mod check;
 mod cli;
+mod cli_reference;
 mod cmd;
 mod duration;
 mod host;

@@ -61,7 +61,7 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
         return;
     }
     let kernel = common::kernel();
-    if !kernel.backends().contains(&Backend::Kprobe) {
+    if !Backend::available(&kernel).contains(&Backend::Kprobe) {
         eprintln!("skipping test - this kernel has no kprobes");
         return;
     }

@@ -60,7 +60,7 @@ fn unit_capabilities() -> BTreeSet<String> {
     ambient
 }
 
-/// The capabilities tap-probe's own error asks for (README lists the same), without any.
+/// The capabilities tap-probe's own error asks for (docs/watch.md lists the same), without any.
 fn capabilities_asked_for(binary: &Path) -> BTreeSet<String> {
     let out = Command::new("setpriv")
         .args(["--bounding-set=-all", "--"])

@@ -7,6 +7,7 @@ mod cmd;
 mod demo;
 mod deploy;
 mod dist;
+mod docs;
 mod expected;
 mod output;
 mod seed_tun;
@@ -42,6 +43,9 @@ enum Command {
     /// Build a static `tap-probe` (musl, the eBPF objects inside) and an archive with the
     /// service unit, the alert rules and the dashboard; prints their paths.
     Dist(dist::Args),
+    /// Write the reference pages generated from the source (`docs/counters.md`'s table,
+    /// `docs/cli.md`); `--check` fails when a committed one is stale.
+    Docs(docs::Args),
     /// Build the tail-drop fix as posted to netdev (v8 4/4 + v9 1/4) as a tun.ko for Debian's
     /// newest 6.12 cloud kernel; prints the module's path last.
     SeedTun(seed_tun::Args),
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::Dist(args) => setup::run(&setup::Args {})
             .and_then(|()| dist::run(&args))
             .map(|()| ExitCode::SUCCESS),
+        Command::Docs(args) => docs::run(&args).map(|()| ExitCode::SUCCESS),
         Command::SeedTun(args) => setup::run(&setup::Args {})
             .and_then(|()| seed_tun::run(&args))
             .map(|()| ExitCode::SUCCESS),

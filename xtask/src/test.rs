@@ -14,7 +14,7 @@ use crate::expected::{self, Expected};
 use crate::output::Output;
 use crate::suite::{self, Kind, Suite};
 use crate::vm::{self, GuestRun};
-use crate::{cmd, deploy, dist, setup};
+use crate::{cmd, deploy, dist, docs, setup};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -78,6 +78,12 @@ fn prepare() -> anyhow::Result<()> {
 
 /// The host's stages, run beside the guests once the build is there.
 const HOST_STAGES: &[Stage<Host>] = &[
+    Stage {
+        // The generated reference pages (`cargo xtask docs`) match the source.
+        name: "docs",
+        skipped_by: None,
+        run: |suite, _| docs::check(&suite.tap_probe),
+    },
     Stage {
         // Same profile and features as the build, so the dependencies' build scripts and
         // proc macros it compiled serve here too; linting needs no eBPF objects, and

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use super::table::{Path, Run, Variant};
+use crate::kernel::{KernelInfo, TunBackpressure};
 use crate::lab::load::{LoadConfig, ReaderKind, SessionConfig, run_load_with_stop};
 use crate::os::netlink::RootQdisc;
 
@@ -25,18 +26,15 @@ pub(crate) enum Fix {
 }
 
 impl Fix {
-    /// The running kernel's, from `TUNGETFEATURES` and kallsyms (`__tun_wake_queue` exists
-    /// only with a version of the fix).
+    /// The running kernel's, as [`KernelInfo`] tells it.
     ///
     /// # Errors
     /// When the kernel has none: there is nothing to compare.
     pub(crate) fn detect() -> Result<Self> {
-        if crate::os::tap::tun_features()? & crate::os::tap::IFF_BACKPRESSURE != 0 {
-            return Ok(Self::Flag);
-        }
-        let kallsyms = crate::kernel::kallsyms::Kallsyms::read()?;
-        if kallsyms.has("__tun_wake_queue") {
-            return Ok(Self::Patched);
+        match KernelInfo::tun_backpressure_now()? {
+            TunBackpressure::OptIn => return Ok(Self::Flag),
+            TunBackpressure::Always => return Ok(Self::Patched),
+            TunBackpressure::Never => {}
         }
         bail!(
             "this kernel ({}) has no tail-drop fix for tun (no IFF_BACKPRESSURE, no \

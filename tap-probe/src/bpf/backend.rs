@@ -51,6 +51,22 @@ pub enum Backend {
     Tracepoint,
 }
 
+impl Backend {
+    /// The backends this kernel has what they need for (kprobes; the `consume_skb`
+    /// tracepoint's `location`), so a test can require each of them to attach.
+    #[must_use]
+    pub fn available(kernel: &KernelInfo) -> Vec<Self> {
+        let mut backends = Vec::new();
+        if kernel.consume_has_location {
+            backends.push(Self::Tracepoint);
+        }
+        if crate::bpf::kprobe::available() {
+            backends.push(Self::Kprobe);
+        }
+        backends
+    }
+}
+
 /// Why no backend uses fentry, for `doctor` and `auto`'s notes.
 pub(crate) const FENTRY_NOT_OFFERED: &str = "not offered as a backend: tun is a kernel module \
      on most distributions, and aya 0.14 can load fentry programs only against vmlinux's BTF, \

@@ -43,7 +43,7 @@ const MAX_SENDER_THREADS: i64 = 16;
 const MAX_PPS: i64 = 100_000_000;
 const DEFAULT_TX_QUEUE_LEN: u32 = 1000;
 
-pub(crate) use crate::cli::QdiscArg as Qdisc;
+pub(crate) use crate::lab::load::Qdisc;
 pub(crate) use crate::lab::load::ReaderKind as Reader;
 
 /// What traffic a scenario runs.

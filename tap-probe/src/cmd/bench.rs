@@ -10,8 +10,8 @@ use anyhow::{Context as _, Result};
 
 use crate::bench::run::{self, Fix};
 use crate::bench::table::{BenchTable, Cell, Header, Path, Variant};
-use crate::cli::Format;
 use crate::os::signals::Stop;
+use crate::output::Format;
 use crate::output::progress::{Progress, Status};
 
 #[derive(Debug, clap::Args)]

@@ -13,14 +13,14 @@ use crate::check::baseline::Baseline;
 use crate::check::report::{CheckReport, Exit, ScenarioReport};
 use crate::check::spec::Spec;
 use crate::check::{junit, run};
-use crate::cli::Format;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
+use crate::output::Format;
 use crate::output::progress::{Progress, Status};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The scenario file (TOML `[[scenario]]` tables; see README "tap-probe check").
+    /// The scenario file (TOML `[[scenario]]` tables; see docs/check-and-bench.md).
     spec: PathBuf,
     /// Values of an earlier run (`--save-baseline`), for `baseline.NAME` in expectations.
     #[arg(long, value_name = "FILE")]

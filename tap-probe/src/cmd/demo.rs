@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 
 use crate::bpf::backend::Backend;
-use crate::cli::Format;
-use crate::cli::QdiscArg;
 use crate::host::discovery::Filter;
 use crate::host::report::Row;
 use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
+use crate::lab::load::Qdisc;
 use crate::lab::load::{DrainReport, LoadSession, SessionConfig};
 use crate::lab::traffic::{SendReport, SenderConfig};
 use crate::os::signals::Stop;
 use crate::output;
+use crate::output::Format;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -24,8 +24,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "DURATION", default_value = "10", value_parser = crate::cli::duration)]
     pub(crate) duration: Duration,
     /// Root qdisc on the tap.
-    #[arg(long, value_enum, default_value_t = QdiscArg::PfifoFast)]
-    pub(crate) qdisc: QdiscArg,
+    #[arg(long, value_enum, default_value_t = Qdisc::PfifoFast)]
+    pub(crate) qdisc: Qdisc,
     /// Open the tap with `IFF_BACKPRESSURE`: with a qdisc, a full ring stops the queue
     /// instead of dropping (Linux 7.3; an error on kernels without it).
     #[arg(long)]

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cli::{Format, QdiscArg};
-use crate::lab::load::{LoadConfig, ReaderKind, SessionConfig, run_load_with_stop};
+use crate::lab::load::{LoadConfig, Qdisc, ReaderKind, SessionConfig, run_load_with_stop};
 use crate::lab::streams::VethConfig;
 use crate::lab::traffic::SenderConfig;
 use crate::lab::veth_load::{Proto, VethLoadConfig, run_veth_load};
 use crate::os::netlink::RootQdisc;
 use crate::os::signals::Stop;
+use crate::output::Format;
 
 /// Where the traffic goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -47,7 +47,7 @@ pub(crate) struct Args {
     pub(crate) no_tso: bool,
     /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
     #[arg(long, value_enum)]
-    pub(crate) qdisc: Option<QdiscArg>,
+    pub(crate) qdisc: Option<Qdisc>,
     /// Open the tap with `IFF_BACKPRESSURE`: it stops its queue when the ring fills, so the
     /// qdisc holds packets instead of the driver dropping them (Linux 7.3; refused where
     /// the kernel lacks it).
@@ -128,7 +128,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     let report = run_load_with_stop(&cfg, &stop.flag())?;
     crate::output::stdout(&match args.format {
         Format::Json => serde_json::to_string(&report)? + "\n",
-        Format::Table => report.table(),
+        Format::Table => crate::output::table::name_values(report.fields()),
     })?;
     if report.interrupted {
         bail!(
@@ -191,7 +191,7 @@ fn run_veth(args: &Args) -> Result<()> {
     let report = run_veth_load(&cfg, &stop.flag())?;
     crate::output::stdout(&match args.format {
         Format::Json => serde_json::to_string(&report)? + "\n",
-        Format::Table => report.table(),
+        Format::Table => crate::output::table::name_values(report.fields()),
     })?;
     if report.interrupted {
         bail!(

@@ -12,11 +12,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use aya::maps::{MapData, RingBuf};
-use tap_probe_common::{EventKind, MAX_QUEUES_PER_DEVICE};
+use tap_probe_common::EventKind;
 
 use crate::bpf::probe::Probe;
+use crate::host::LiveHost;
 use crate::host::discovery::Discovery;
 use crate::host::recorder::{REORDER_WINDOW_NS, Recorder, TraceFile};
+use crate::host::recording::{self, Followed, Following};
 use crate::kernel::KernelInfo;
 use crate::os::clock::monotonic_ns;
 use crate::os::signals::Stop;
@@ -68,7 +70,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     crate::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let mut discovery = Discovery::new(&args.devices.filter())?;
-    let mut devices = discovery.matching()?;
+    let devices = discovery.matching()?;
     if devices.is_empty() && !args.wait {
         bail!(
             "no tun, tap, veth or macvtap device matches the filter; `tap-probe watch` lists \
@@ -78,69 +80,57 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // Attach before waiting: attaching is the slow part (BTF), so a device that appears
     // later is tracked within one poll, before its first packet in the usual case.
     let kernel = KernelInfo::load()?;
-    let mut probe = Probe::attach_recording(&kernel)?;
+    let mut host = LiveHost {
+        discovery,
+        probe: Probe::attach_recording(&kernel)?,
+        modules: kernel.modules.clone(),
+    };
     let mut progress = Progress::stderr();
-    if devices.is_empty() {
+    let devices = if devices.is_empty() {
         progress.note("attached; waiting for a device that matches the filter");
-        while devices.is_empty() {
-            if stop.sleep(WAIT_POLL) {
-                bail!("stopped before any device matched the filter; nothing was recorded");
-            }
-            devices = discovery.matching()?;
-        }
-    }
+        recording::wait_for_devices(&mut host, || stop.sleep(WAIT_POLL))?
+            .context("stopped before any device matched the filter; nothing was recorded")?
+    } else {
+        devices
+    };
     let file = File::create(&args.output)
         .with_context(|| format!("creating {}", args.output.display()))?;
     // Track first: a device the maps have no room for is left out (and said so), and the
     // kernel's counters are read once tracking has begun.
-    let mut tracked = Vec::new();
-    for d in devices {
-        // A multi-queue tap has 256 queues whatever number is attached: as `watch` does,
-        // count the first MAX_QUEUES_PER_DEVICE.
-        let queues = d.queues.clamp(1, MAX_QUEUES_PER_DEVICE);
-        match probe.track(d.key, queues, d.slot_flags()) {
-            Ok(_) => tracked.push((d, queues)),
-            Err(err) => eprintln!(
-                "tap-probe: warning: not recording {} (netns {}): {err:#}",
-                d.name, d.netns
-            ),
-        }
+    let Following { followed, refused } = recording::follow(&mut host, devices);
+    for (d, err) in refused {
+        eprintln!(
+            "tap-probe: warning: not recording {} (netns {}): {err:#}",
+            d.name, d.netns
+        );
     }
-    if tracked.is_empty() {
+    if followed.is_empty() {
         bail!("none of the matching devices could be tracked; nothing was recorded");
     }
-    let now = discovery.matching().unwrap_or_default();
-    let baseline: Vec<(u64, u64)> = tracked
-        .iter()
-        .map(|(d, _)| {
-            let d = now.iter().find(|n| n.key == d.key).unwrap_or(d);
-            (d.stats.tx_packets, d.stats.tx_dropped)
-        })
-        .collect();
     let header = Header {
         kernel_release: kernel.release.clone(),
-        backend: probe.sources().hooks(),
+        backend: host.probe.sources().hooks(),
         start_ns: monotonic_ns(),
-        devices: tracked
+        devices: followed
             .iter()
-            .map(|(d, queues)| DeviceInfo {
-                netns: d.key.netns,
-                ifindex: d.key.ifindex,
-                queues: *queues,
-                ring_size: d.tx_queue_len,
-                name: d.name.clone(),
+            .map(|f| DeviceInfo {
+                netns: f.device.key.netns,
+                ifindex: f.device.key.ifindex,
+                queues: f.queues,
+                ring_size: f.device.tx_queue_len,
+                name: f.device.name.clone(),
             })
             .collect(),
     };
     // The trace writer buffers 64 KiB itself and must see each write's outcome (a full disk
     // is cut back to a whole record), so the file gets no buffer of its own.
-    let (cpus, mut rings) = probe.take_events()?;
+    let (cpus, mut rings) = host.probe.take_events()?;
     let mut recorder = Recorder::new(TraceFile::new(file), &header, &cpus, |key| {
-        probe.slots(key).map(|(base, _)| base)
+        host.probe.slots(key).map(|(base, _)| base)
     })
     .with_context(|| format!("writing {}", args.output.display()))?;
 
-    for (d, _) in &tracked {
+    for Followed { device: d, .. } in &followed {
         progress.note(&format!(
             "recording {} (netns {}, ring {} entries) to {}",
             d.name,
@@ -159,10 +149,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             // the deadline are looked at between passes, not only when the rings are empty.
             let Drained { n, dry } = drain(&mut rings, &mut recorder, PASS_BUDGET)?;
             taken += n as u64;
-            probe.flush_log();
+            host.probe.flush_log();
             if lost_checked.elapsed() >= LOST_EVERY {
                 lost_checked = Instant::now();
-                let lost = probe.events_lost()?;
+                let lost = host.probe.events_lost()?;
                 recorder.lost(monotonic_ns(), lost.saturating_sub(lost_seen))?;
                 lost_seen = lost_seen.max(lost);
                 // What reached the file so far (the writer's buffer not yet flushed aside).
@@ -200,7 +190,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // Detach first, so that what is left in the rings is finite, then take it out: within
     // FINAL_BUDGET into the file, beyond it only counted (a recorder that cannot keep up
     // must still end when told), and that count is written as lost.
-    let lost_counter = probe.take_events_lost()?;
+    let lost_counter = host.probe.take_events_lost()?;
+    let LiveHost {
+        mut discovery,
+        probe,
+        ..
+    } = host;
     drop(probe);
     progress.finish();
     if failed.is_none()
@@ -233,7 +228,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .context("the trailer was not written, yet no write failed")?;
 
     let after = discovery.matching().unwrap_or_default();
-    eprint!("{}", summary(&header, &trailer, &baseline, &after));
+    eprint!(
+        "{}",
+        summary(&trailer, &recording::counted_since(&followed, &after))
+    );
     if left > 0 {
         eprintln!(
             "  {left} events were still in the kernel's rings {} s after the stop and were not \
@@ -323,12 +321,8 @@ fn drain<W: Write>(
     }
 }
 
-fn summary(
-    header: &Header,
-    t: &Trailer,
-    baseline: &[(u64, u64)],
-    after: &[crate::host::discovery::Device],
-) -> String {
+/// The trailer's counts, and what the kernel counted of each device still there.
+fn summary(t: &Trailer, counted: &[(&str, u64, u64)]) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let counts: Vec<String> = EventKind::ALL
@@ -345,19 +339,11 @@ fn summary(
         counts.join(", "),
         t.lost
     );
-    for (d, (tx0, drop0)) in header.devices.iter().zip(baseline) {
-        if let Some(now) = after
-            .iter()
-            .find(|a| a.key.netns == d.netns && a.key.ifindex == d.ifindex)
-        {
-            let _ = writeln!(
-                s,
-                "  {}: kernel tx_packets +{}, tx_dropped +{}",
-                d.name,
-                now.stats.tx_packets.saturating_sub(*tx0),
-                now.stats.tx_dropped.saturating_sub(*drop0)
-            );
-        }
+    for (name, tx_packets, tx_dropped) in counted {
+        let _ = writeln!(
+            s,
+            "  {name}: kernel tx_packets +{tx_packets}, tx_dropped +{tx_dropped}"
+        );
     }
     s
 }

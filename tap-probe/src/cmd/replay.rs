@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use tap_probe_common::EventKind;
 use tap_probe_trace::{MAX_RING_SIZE, TraceError};
 
-use crate::cli::Format;
+use crate::output::Format;
 use crate::output::table::{Align, Table};
 use crate::replay::live::{self, LiveConfig, LiveResult};
 use crate::replay::plot::{self, Panel};
@@ -26,8 +26,8 @@ pub(crate) struct Args {
     #[arg(value_name = "FILE", conflicts_with = "synthetic")]
     pub(crate) file: Option<PathBuf>,
     /// Replay a synthetic workload instead, e.g.
-    /// `producer=const:200k,consumer=poisson:150k,duration=2s,ring=256` (grammar in the
-    /// README).
+    /// `producer=const:200k,consumer=poisson:150k,duration=2s,ring=256` (grammar in
+    /// docs/record-replay.md).
     #[arg(long, value_name = "SPEC")]
     pub(crate) synthetic: Option<String>,
     /// A policy to replay (repeatable): tail-drop, stop-wake:F (F a share of the ring, e.g.

@@ -6,10 +6,10 @@ use anyhow::bail;
 
 use crate::bpf::backend::Backend;
 use crate::bpf::probe::{Counting, Occupancy};
-use crate::cli::Format;
 use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
+use crate::output::Format;
 use crate::output::columns::Chosen;
 use crate::output::{self, View, tui};
 

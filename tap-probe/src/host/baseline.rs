@@ -52,8 +52,9 @@ pub(crate) fn take(host: &mut impl Host, key: DeviceKey) -> Result<(Baseline, Ve
     let mut attempt = 0;
     let start = std::time::Instant::now();
     loop {
+        let read_at = std::time::Instant::now();
         let stats = host.kernel_stats(key)?;
-        host.settle();
+        host.settle(read_at.elapsed());
         let after = host.queue_counters(key)?;
         let counted = packets(&after);
         attempt += 1;

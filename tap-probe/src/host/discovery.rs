@@ -570,7 +570,7 @@ mod privileged_tests {
 
     #[test]
     fn finds_tap_with_owner_and_veth() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-disc-{}", std::process::id())).unwrap();

@@ -1,9 +1,11 @@
 //! The host as tap-probe watches it: which devices exist, which are tracked, what each
-//! refresh shows, and the recorder that turns events into a trace.
+//! refresh shows, the devices a recording follows, and the recorder that turns events into
+//! a trace.
 
 pub(crate) mod baseline;
 pub(crate) mod discovery;
 pub(crate) mod recorder;
+pub(crate) mod recording;
 pub(crate) mod report;
 pub(crate) mod watcher;
 
@@ -76,8 +78,8 @@ pub(crate) trait Host {
     /// When the device is not tracked or the maps refuse it.
     fn reset(&mut self, key: DeviceKey) -> Result<()>;
     /// Waits until a packet the kernel counted in the statistics just read has reached the
-    /// probes' counters too (see `baseline`).
-    fn settle(&self);
+    /// probes' counters too (see `baseline`); `read_took` is how long reading them took.
+    fn settle(&self, read_took: std::time::Duration);
     /// One device's statistics, as the kernel has them now.
     ///
     /// # Errors
@@ -98,10 +100,13 @@ pub(crate) trait Host {
 
 /// How long a packet the kernel counted takes at most to reach the probes: the two counts
 /// are a few instructions apart on one CPU (a copy to the reader's buffer between them, at
-/// the read), microseconds even in an emulated guest. Not much longer: a baseline is exact
-/// only when no packet of the device passed during the read and this wait, so a longer
-/// wait would find no such moment under a steady load.
-const SETTLE: std::time::Duration = std::time::Duration::from_micros(200);
+/// the read), microseconds; as long as reading the statistics took (a system call round
+/// trip, which an emulated or loaded machine slows down by the same factor), within these
+/// bounds. Not longer: a baseline is exact only when no packet of the device passed during
+/// the read and this wait, and a paced reader under load leaves gaps of a few hundred
+/// microseconds at most.
+const SETTLE_MIN: std::time::Duration = std::time::Duration::from_micros(20);
+const SETTLE_MAX: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The running host, watched by an attached probe.
 pub(crate) struct LiveHost {
@@ -163,8 +168,8 @@ impl Host for LiveHost {
         self.discovery.link_stats(key)
     }
 
-    fn settle(&self) {
-        std::thread::sleep(SETTLE);
+    fn settle(&self, read_took: std::time::Duration) {
+        std::thread::sleep(read_took.clamp(SETTLE_MIN, SETTLE_MAX));
     }
 
     fn refresh_started(&mut self) {

@@ -10,6 +10,14 @@ use crate::bpf::probe::{DeviceCounters, RingOccupancy};
 use crate::host::discovery::{Device, DeviceKind, Owner};
 use crate::kernel::ReasonNames;
 
+/// A device that matches the filter but is not counted.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Untracked {
+    pub ifname: String,
+    pub netns: String,
+    pub reason: String,
+}
+
 /// The kernel's own counters of a device, as deltas since tap-probe started tracking it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelDeltas {
@@ -206,7 +214,7 @@ pub struct Report {
     pub(crate) programs: Option<Vec<crate::bpf::probe::ProgramStats>>,
     pub rows: Vec<Row>,
     /// Devices that match the filter but are not counted, and why.
-    pub untracked: Vec<crate::host::watcher::Untracked>,
+    pub untracked: Vec<Untracked>,
     /// What the kernel skipped of each attached program: when any is not 0, the counts may
     /// be short (see [`Report::may_be_short`]).
     pub(crate) missed: Vec<crate::bpf::missed::ProgramMissed>,

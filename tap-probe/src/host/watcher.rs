@@ -11,7 +11,9 @@ use crate::bpf::missed::ProgramMissed;
 use crate::bpf::probe::{Counting, DeviceCounters, Full, Occupancy, Probe};
 use crate::host::baseline::{self, Baseline, counted_between};
 use crate::host::discovery::{Device, Discovery, Filter, Scan};
-use crate::host::report::{KernelAtStart, KernelDeltas, Report, Row, RowContext, device_rows};
+use crate::host::report::{
+    KernelAtStart, KernelDeltas, Report, Row, RowContext, Untracked, device_rows,
+};
 use crate::host::{Host, LiveHost};
 use crate::kernel::modules::ModuleChange;
 use crate::kernel::{KernelInfo, ReasonNames, TunBackpressure};
@@ -92,14 +94,6 @@ impl Tracked {
             })
             .collect()
     }
-}
-
-/// A device that matches the filter but is not counted.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Untracked {
-    pub ifname: String,
-    pub netns: String,
-    pub reason: String,
 }
 
 impl Watcher {
@@ -292,6 +286,7 @@ impl<H: Host> Tracker<H> {
             .chain(self.pending.iter())
             .filter_map(|&key| Some((key, self.host.queue_counters(key).ok()?)))
             .collect();
+        let scanned_at = std::time::Instant::now();
         let Scan {
             matching,
             left_out,
@@ -299,7 +294,7 @@ impl<H: Host> Tracker<H> {
         } = self.host.devices()?;
         // The statistics were read with the scan; what the kernel had counted by then reaches
         // the probes before their counters are read below (see `baseline`).
-        self.host.settle();
+        self.host.settle(scanned_at.elapsed());
 
         let now_ns = self.host.now_ns();
         let mut rows = Vec::new();
@@ -647,7 +642,7 @@ fn warn_untracked(names: &[String], total: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 
@@ -660,9 +655,9 @@ mod tests {
     use crate::os::netlink::LinkStats;
 
     /// A host whose devices and counters the test sets, and which records what the
-    /// tracker asked of it.
-    struct FakeHost {
-        devices: Vec<Device>,
+    /// tracker asked of it (the recording's tests use it too).
+    pub(crate) struct FakeHost {
+        pub(crate) devices: Vec<Device>,
         /// Devices of the counted drivers that the filter leaves out.
         left_out: Vec<DeviceKey>,
         /// Devices the programs registered at their first packet (once registering).
@@ -673,11 +668,11 @@ mod tests {
         counters: HashMap<DeviceKey, DeviceCounters>,
         tracked: HashMap<DeviceKey, u32>,
         /// Every call, in order: `refresh`, `track IFINDEX N`, `untrack IFINDEX`.
-        calls: Vec<String>,
+        pub(crate) calls: Vec<String>,
         now_ns: u64,
         sources: Sources,
         /// How many devices the probe has room for.
-        room: usize,
+        pub(crate) room: usize,
         wire: RefCell<Option<Wire>>,
         /// What the kernel skipped of each program, as the next reads find it.
         missed: Vec<ProgramMissed>,
@@ -741,7 +736,7 @@ mod tests {
     }
 
     impl FakeHost {
-        fn new() -> Self {
+        pub(crate) fn new() -> Self {
             Self {
                 devices: Vec::new(),
                 left_out: Vec::new(),
@@ -872,7 +867,7 @@ mod tests {
                 .ok_or_else(|| anyhow::anyhow!("no device {key:?}"))
         }
 
-        fn settle(&self) {
+        fn settle(&self, _read_took: std::time::Duration) {
             self.land();
         }
 
@@ -899,7 +894,7 @@ mod tests {
         }
     }
 
-    fn device(ifindex: u32, name: &str, tx_packets: u64, tx_dropped: u64) -> Device {
+    pub(crate) fn device(ifindex: u32, name: &str, tx_packets: u64, tx_dropped: u64) -> Device {
         Device {
             key: DeviceKey { netns: 7, ifindex },
             name: name.to_owned(),

@@ -32,6 +32,19 @@ pub enum TunBackpressure {
 }
 
 impl TunBackpressure {
+    /// The fix this kernel has, from its TUNGETFEATURES and, only when those lack
+    /// `IFF_BACKPRESSURE`, whether kallsyms has `__tun_wake_queue` (the fix as posted adds
+    /// it; a stock kernel has none). The one place that tells the versions apart.
+    fn of(features: u32, in_kallsyms: impl FnOnce(&str) -> Result<bool>) -> Result<Self> {
+        Ok(if features & IFF_BACKPRESSURE != 0 {
+            Self::OptIn
+        } else if in_kallsyms("__tun_wake_queue")? {
+            Self::Always
+        } else {
+            Self::Never
+        })
+    }
+
     /// Whether a tap whose `tun_flags` are `flags` stops its queue on a full ring (with a
     /// qdisc in front of it).
     #[must_use]
@@ -126,15 +139,11 @@ impl KernelInfo {
             Err(err) => Err(format!("{err:#}")),
         };
         let tun_features = crate::os::tap::tun_features().map_err(|err| format!("{err:#}"));
-        let tun_backpressure = tun_features.as_ref().ok().map(|features| {
-            if features & IFF_BACKPRESSURE != 0 {
-                TunBackpressure::OptIn
-            } else if kallsyms.has("__tun_wake_queue") {
-                TunBackpressure::Always
-            } else {
-                TunBackpressure::Never
-            }
-        });
+        let tun_backpressure = tun_features
+            .as_ref()
+            .ok()
+            .map(|&features| TunBackpressure::of(features, |name| Ok(kallsyms.has(name))))
+            .transpose()?;
         Ok(Self {
             release: release(),
             facts,
@@ -155,26 +164,24 @@ impl KernelInfo {
 }
 
 impl KernelInfo {
+    /// How the running kernel's tun answers a full ring, asked on its own: for what runs
+    /// no probe (`bench`, the privileged tests) and so needs neither BTF nor the tun/tap
+    /// read path that [`KernelInfo::load`] requires. kallsyms is read only when
+    /// TUNGETFEATURES lacks `IFF_BACKPRESSURE`.
+    ///
+    /// # Errors
+    /// When `/dev/net/tun` cannot be asked, or kallsyms cannot be read.
+    pub fn tun_backpressure_now() -> Result<TunBackpressure> {
+        TunBackpressure::of(crate::os::tap::tun_features()?, |name| {
+            Ok(Kallsyms::read()?.has(name))
+        })
+    }
+
     /// Whether this kernel reports the hits of a kprobe that ran no program (its `nmissed`)
     /// through the kprobe's perf link (Linux 6.7+, read from BTF).
     #[must_use]
     pub fn reports_kprobe_misses(&self) -> bool {
         self.kprobe_link_missed.is_some()
-    }
-
-    /// The backends this kernel has what they need for (kprobes; the `consume_skb`
-    /// tracepoint's `location`), so a test can require each of them to attach.
-    #[must_use]
-    pub fn backends(&self) -> Vec<crate::bpf::backend::Backend> {
-        use crate::bpf::backend::Backend;
-        let mut backends = Vec::new();
-        if self.consume_has_location {
-            backends.push(Backend::Tracepoint);
-        }
-        if crate::bpf::kprobe::available() {
-            backends.push(Backend::Kprobe);
-        }
-        backends
     }
 }
 
@@ -201,4 +208,30 @@ pub(crate) fn release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flag decides alone when TUNGETFEATURES lists it (kallsyms is not read); without
+    /// it, `__tun_wake_queue` tells the fix as posted from a stock kernel.
+    #[test]
+    fn the_fix_is_told_from_features_then_kallsyms() {
+        let never_asked = |_: &str| -> Result<bool> { panic!("kallsyms read with the flag") };
+        assert_eq!(
+            TunBackpressure::of(IFF_BACKPRESSURE, never_asked).unwrap(),
+            TunBackpressure::OptIn
+        );
+        let asked = |name: &str| Ok(name == "__tun_wake_queue");
+        assert_eq!(
+            TunBackpressure::of(0, asked).unwrap(),
+            TunBackpressure::Always
+        );
+        assert_eq!(
+            TunBackpressure::of(0, |_| Ok(false)).unwrap(),
+            TunBackpressure::Never
+        );
+        assert!(TunBackpressure::of(0, |_| anyhow::bail!("unreadable")).is_err());
+    }
 }

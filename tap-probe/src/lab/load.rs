@@ -18,7 +18,6 @@ use crate::lab::vhost::{
 use crate::os::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
 use crate::os::netns::{self, NamedNetns};
 use crate::os::tap::{Tap, TapOptions};
-use crate::output::table::{Align, Table};
 
 /// The tap's name inside its private namespace.
 pub(crate) const TAP_NAME: &str = "tp-load0";
@@ -50,6 +49,31 @@ pub(crate) enum ReaderKind {
     /// vhost-net, driven from userspace (`lab/vhost.rs`): the kernel's vhost worker takes
     /// the frames in batches, as it does for a VM with vhost-net, without a VM.
     Vhost,
+}
+
+/// The root qdisc `load`, `demo` and `check` install on their tap (`--qdisc`, a spec's
+/// `qdisc`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Qdisc {
+    Noqueue,
+    PfifoFast,
+    Pfifo,
+    /// `fq_codel` (the default of most distributions; a module or absent on some kernels).
+    FqCodel,
+}
+
+impl From<Qdisc> for RootQdisc {
+    fn from(q: Qdisc) -> Self {
+        match q {
+            Qdisc::Noqueue => Self::Noqueue,
+            Qdisc::PfifoFast => Self::PfifoFast,
+            Qdisc::Pfifo => Self::Pfifo { limit: None },
+            Qdisc::FqCodel => Self::FqCodel,
+        }
+    }
 }
 
 /// The tap's setup.
@@ -464,11 +488,12 @@ pub(crate) struct LoadReport {
 }
 
 impl LoadReport {
-    /// The report as aligned `name  value` lines.
+    /// The report as `(name, value)` pairs, in the order a reader wants them (the binary
+    /// aligns them into a table).
     #[must_use]
-    pub(crate) fn table(&self) -> String {
+    pub(crate) fn fields(&self) -> Vec<(&'static str, String)> {
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-        let rows: Vec<(&str, String)> = vec![
+        vec![
             (
                 "device",
                 format!(
@@ -511,12 +536,7 @@ impl LoadReport {
             ("elapsed", format!("{:.3} s", self.elapsed_secs)),
             ("sender pps", format!("{:.0}", self.sender_pps)),
             ("delivered pps", format!("{:.0}", self.delivered_pps)),
-        ];
-        let mut table = Table::new(&[Align::Left, Align::Left]);
-        for (k, v) in rows {
-            table.row(vec![k.to_owned(), v]);
-        }
-        table.render()
+        ]
     }
 }
 
@@ -688,7 +708,7 @@ mod privileged_tests {
     /// counted too.
     #[test]
     fn fast_reader_accounts_for_every_packet() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let cfg = LoadConfig {
@@ -697,7 +717,7 @@ mod privileged_tests {
             ..LoadConfig::default()
         };
         let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
-        println!("{}", report.table());
+        println!("{report:#?}");
         assert!(!report.device.netns_path.exists(), "namespace left behind");
         assert!(report.sent > 0);
         // tun counts tx_packets when the reader takes a packet: nothing else reads.
@@ -716,7 +736,7 @@ mod privileged_tests {
     /// the fix the queue stops and the qdisc drops them at its limit instead.
     #[test]
     fn slow_reader_drops_where_the_kernel_says() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let session = SessionConfig {
@@ -768,7 +788,7 @@ mod privileged_tests {
     /// behind, where it has not.
     #[test]
     fn backpressure_is_refused_where_the_kernel_lacks_it() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let features = crate::os::tap::tun_features().unwrap();
@@ -812,7 +832,7 @@ mod privileged_tests {
 
     #[test]
     fn session_exposes_device_before_traffic() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let stop = Arc::new(AtomicBool::new(false));

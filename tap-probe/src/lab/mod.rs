@@ -34,6 +34,7 @@ pub use crate::lab::traffic::{
 };
 pub use crate::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 pub use crate::os::netns::{NamedNetns, run_in};
+pub use crate::os::root;
 pub use crate::os::tap::{Tap, TapOptions};
 
 /// What the kernel has loaded and attached, listed through bpf(2): the tests prove with it
@@ -42,12 +43,13 @@ pub mod loaded {
     pub use crate::bpf::loaded::{Link, Program, links, programs};
 }
 
-/// Whether this kernel's tun offers `IFF_BACKPRESSURE` (`TUNGETFEATURES`).
+/// Whether this kernel's tun offers `IFF_BACKPRESSURE` (the fix as merged), as
+/// [`KernelInfo`] tells it.
 ///
 /// # Errors
-/// When `/dev/net/tun` cannot be asked.
+/// When `/dev/net/tun` cannot be asked, or kallsyms cannot be read.
 pub fn tun_has_backpressure() -> anyhow::Result<bool> {
-    Ok(crate::os::tap::tun_features()? & crate::os::tap::IFF_BACKPRESSURE != 0)
+    Ok(KernelInfo::tun_backpressure_now()? == TunBackpressure::OptIn)
 }
 
 /// The runs of the loaded program `id` the kernel skipped (`bpf_prog_info.recursion_misses`),
@@ -64,15 +66,4 @@ pub fn program_recursion_misses(id: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no program {id} is loaded"))?;
     let fd = program.fd()?;
     Ok(crate::bpf::missed::recursion_misses(fd.as_fd())?)
-}
-
-/// Privileged tests need root; elsewhere they say so and pass (`skipping test - not root`,
-/// the form aya's tests use).
-#[must_use]
-pub fn root() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        eprintln!("skipping test - not root");
-    }
-    root
 }

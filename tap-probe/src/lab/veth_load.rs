@@ -13,7 +13,6 @@ use crate::lab::streams::{RECEIVER_DEV, SENDER_DEV, TcpCounters, VethConfig, Vet
 use crate::lab::traffic::{self, SenderConfig};
 use crate::os::netlink::{QdiscStats, Rtnl};
 use crate::os::netns::run_in;
-use crate::output::table::{Align, Table};
 
 /// What goes through the pair.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -160,8 +159,10 @@ pub(crate) fn run_veth_load(
 }
 
 impl VethLoadReport {
-    /// The report as aligned `name  value` lines.
-    pub(crate) fn table(&self) -> String {
+    /// The report as `(name, value)` pairs, in the order a reader wants them (the binary
+    /// aligns them into a table).
+    #[must_use]
+    pub(crate) fn fields(&self) -> Vec<(&'static str, String)> {
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         let rate = |n: Option<u64>| {
             n.filter(|_| self.elapsed_secs > 0.0).map_or_else(
@@ -170,7 +171,7 @@ impl VethLoadReport {
                 |n| format!("{:.0}", n as f64 * 8.0 / self.elapsed_secs / 1e6),
             )
         };
-        let rows = [
+        vec![
             (
                 "device",
                 format!("{} (netns {}) -> {}", self.device, self.netns, self.peer),
@@ -200,11 +201,6 @@ impl VethLoadReport {
                 "receiver TCPOFOQueue",
                 self.receiver_tcp.ofo_queue.to_string(),
             ),
-        ];
-        let mut table = Table::new(&[Align::Left, Align::Left]);
-        for (k, v) in rows {
-            table.row(vec![k.to_owned(), v]);
-        }
-        table.render()
+        ]
     }
 }

@@ -11,3 +11,15 @@ pub(crate) mod signals;
 pub(crate) mod stdio;
 pub(crate) mod sysfs;
 pub(crate) mod tap;
+
+/// Whether this process runs as root, which the privileged tests need; elsewhere they say
+/// so and pass (`skipping test - not root`, the form aya's tests use). It lives here, below
+/// everything, because the privileged tests of every layer ask it.
+#[must_use]
+pub fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipping test - not root");
+    }
+    root
+}

@@ -117,7 +117,7 @@ mod privileged_tests {
 
     #[test]
     fn reads_tun_flags_of_a_tap_in_another_namespace() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-sysfs-{}", std::process::id())).unwrap();

@@ -29,12 +29,21 @@ use std::time::{Duration, Instant};
 
 use nix::poll::PollFlags;
 
-use crate::cli::Format;
 use crate::host::report::Report;
 use crate::os::signals::{Stop, Why, Woke};
 use crate::output::columns::Column;
 use crate::output::lines::Gone;
 use crate::output::table::{Align, Table};
+
+/// How a subcommand prints its results (`--format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    /// Aligned text for people (`watch` redraws it in place on a terminal).
+    #[default]
+    Table,
+    /// JSON for programs (`watch`: one object per line and refresh).
+    Json,
+}
 
 /// Stdout's other end went away: its reader, or its terminal.
 #[derive(Debug)]

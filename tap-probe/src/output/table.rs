@@ -89,6 +89,16 @@ impl Table {
     }
 }
 
+/// `(name, value)` pairs as two aligned columns (`load`'s report).
+#[must_use]
+pub(crate) fn name_values(fields: Vec<(&'static str, String)>) -> String {
+    let mut table = Table::new(&[Align::Left, Align::Left]);
+    for (name, value) in fields {
+        table.row(vec![name.to_owned(), value]);
+    }
+    table.render()
+}
+
 /// The columns that name the row, before those of [`METRICS`].
 const LABELS: [&str; 5] = ["DEVICE", "NETNS", "KIND", "Q", "OWNER"];
 

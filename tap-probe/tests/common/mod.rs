@@ -116,7 +116,7 @@ pub(crate) fn watchers(
     filter: &tap_probe::lab::Filter,
 ) -> Vec<(tap_probe::lab::Backend, tap_probe::lab::Watcher)> {
     let kernel = kernel();
-    let expected = kernel.backends();
+    let expected = Backend::available(&kernel);
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
         match tap_probe::lab::Watcher::with_occupancy(
@@ -189,7 +189,7 @@ pub(crate) fn assert_backends_agree(
 ) {
     assert_eq!(
         rows.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
-        kernel().backends(),
+        Backend::available(&kernel()),
         "rows of every backend this kernel runs"
     );
     let gate_of = |backend: Backend| {

@@ -8,10 +8,10 @@ use tap_probe_common::KernelFacts;
 
 use crate::bpf::backend::Sources;
 use crate::bpf::probe::Probe;
-use crate::cli::Format;
 use crate::kernel::kallsyms::Kallsyms;
 use crate::kernel::{KernelInfo, TunBackpressure};
 use crate::kernel::{btf, kallsyms, privileges};
+use crate::output::Format;
 
 mod render;
 mod trials;
@@ -391,10 +391,7 @@ fn tun_report(kernel: &KernelInfo) -> Tun {
         Ok(features) => Check::ok(format!("{features:#06x}")),
         Err(err) => Check::failed(&anyhow!("{err}")),
     };
-    let iff_backpressure = kernel
-        .tun_features
-        .as_ref()
-        .is_ok_and(|f| f & crate::os::tap::IFF_BACKPRESSURE != 0);
+    let iff_backpressure = kernel.tun_backpressure == Some(TunBackpressure::OptIn);
     let ring_offsets = match &kernel.ring_facts {
         Ok(from) => Check::ok(format!(
             "from {from}: tun_file.tx_ring at {}, netdev_priv at {}",

@@ -47,7 +47,7 @@ mod privileged_tests {
 
     #[test]
     fn links_veth_and_qdiscs_match_iproute2() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnl-{}", std::process::id())).unwrap();
@@ -109,7 +109,7 @@ mod privileged_tests {
 
     #[test]
     fn tap_kind_queues_and_stats() {
-        if !crate::lab::root() {
+        if !crate::os::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnlt-{}", std::process::id())).unwrap();
