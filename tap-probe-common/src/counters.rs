@@ -53,6 +53,9 @@ pub enum Requires {
     Tun,
     /// A tun or tap whose `ptr_ring` the programs can find (offsets from BTF).
     TunRing,
+    /// Flows' order followed (`watch --flows`): each driver call reads the packet's headers
+    /// and updates a flow table, the costliest per-packet work, so it is asked for.
+    Flows,
 }
 
 /// Where a value comes from.
@@ -249,6 +252,7 @@ queue_metrics! {
     /// (RFC 4737's "reordered"). A retransmission takes a fresh ID, so it is not counted.
     counter reordered {
         unit: Packets,
+        requires: Flows,
         column: "REORDERED",
         prometheus: "reordered_total",
         help: "Packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).",
@@ -259,6 +263,7 @@ queue_metrics! {
     /// is not counted.
     counter flows_joined {
         unit: Events,
+        requires: Flows,
         column: "FLOWS_JOINED",
         prometheus: "flows_joined_total",
         help: "Flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.",

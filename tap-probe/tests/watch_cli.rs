@@ -67,6 +67,14 @@ fn json_lines_carry_every_field() {
     }
     let ns = common::quiet_netns("json").unwrap();
     let _tap = common::tap_in(&ns, "tpj0", RootQdisc::Noqueue).unwrap();
+    // Flows' order is followed only when asked for: its two counters are null without.
+    for flows in [false, true] {
+        json_lines_of_one_run(&ns, flows);
+    }
+}
+
+/// One `watch --format json` of the tap `tpj0` in `ns`, with `--flows` or not.
+fn json_lines_of_one_run(ns: &tap_probe::lab::NamedNetns, flows: bool) {
     let out = Command::new(BIN)
         .args([
             "watch",
@@ -78,6 +86,7 @@ fn json_lines_carry_every_field() {
             "json",
         ])
         .args(["--interval", "0.2", "--duration", "1"])
+        .args(flows.then_some("--flows"))
         .output()
         .unwrap();
     assert!(
@@ -136,6 +145,8 @@ fn json_lines_carry_every_field() {
             .as_str()
             .is_some_and(|s| s.starts_with("kprobe"));
         assert_eq!(row["wakes_reader"].is_u64(), wakes_known, "{row}");
+        assert_eq!(row["reordered"].is_u64(), flows, "{row}");
+        assert_eq!(row["flows_joined"].is_u64(), flows, "{row}");
         assert_eq!(row["ifname"], "tpj0");
         assert_eq!(row["kind"], "tap");
         assert!(row["kernel"]["tx_packets"].is_u64());

@@ -182,6 +182,7 @@ fn requires(requires: Requires) -> &'static str {
         Requires::WakeSources => "kprobes (wakes by source)",
         Requires::Tun => "a tun/tap",
         Requires::TunRing => "a tun/tap and tun's BTF",
+        Requires::Flows => "`--flows` (watch, serve)",
     }
 }
 

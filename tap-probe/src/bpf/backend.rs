@@ -30,8 +30,8 @@ use serde::Serialize;
 use tap_probe_common::{
     MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DIRECT_XMIT_ENTRY,
     PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_WAKE_ENTRY,
-    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, SETTING_DEQUEUE_PAIRS, SETTING_WAKE_EVENTS,
-    Source,
+    PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, Requires, SETTING_DEQUEUE_PAIRS,
+    SETTING_WAKE_EVENTS, Source,
 };
 
 use crate::bpf::kprobe::{KPROBE_PMU, Kprobes};
@@ -88,6 +88,8 @@ pub struct Sources {
     pub(crate) wakes: Wakes,
     /// `ring_occupancy`.
     pub(crate) ring: Ring,
+    /// Whether flows' order is followed (`reordered`, `flows_joined`).
+    pub(crate) flows: bool,
     /// Why a preferred source was not used.
     pub(crate) notes: Vec<String>,
 }
@@ -329,6 +331,7 @@ impl Sources {
             .filter(|m| matches!(m.source, Source::Programs(_)))
             .map(|m| {
                 let hook = match group_of(m.name) {
+                    Some(Group::Xmit) if m.requires == Requires::Flows && !self.flows => "none",
                     Some(Group::Xmit) => xmit,
                     Some(Group::Drops) => "tracepoint",
                     Some(Group::Consumed) => consumed,
@@ -529,6 +532,7 @@ pub(crate) fn attach(
         requeues,
         wakes,
         ring,
+        flows: true,
         notes,
     })
 }
@@ -667,6 +671,7 @@ mod tests {
                 btf: "/sys/kernel/btf/tun".to_owned(),
                 mode: crate::bpf::probe::Occupancy::Exact,
             },
+            flows: false,
             notes: vec!["fentry: no".to_owned()],
         };
         // The groups that were there keep their keys and texts.
@@ -677,8 +682,8 @@ mod tests {
         assert_eq!(
             sources.hooks(),
             "xmit_calls=kprobe, enqueued=kprobe, busy=kprobe, requeued_stopped=tracepoint, \
-             dropped_full_ring=tracepoint, dropped_other=tracepoint, reordered=kprobe, \
-             flows_joined=kprobe, consumed=tracepoint, \
+             dropped_full_ring=tracepoint, dropped_other=tracepoint, reordered=none, \
+             flows_joined=none, consumed=tracepoint, \
              queue_stops=kprobe+tracepoint, queue_wakes=kprobe+tracepoint, wakes_reader=none, \
              wakes_vhost=none, wakes_forced=none, wakes_other=none, wakes_recheck=none, \
              stopped_ns=kprobe+tracepoint, reader_sleeps=tracepoint"

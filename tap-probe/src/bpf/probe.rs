@@ -321,6 +321,7 @@ impl Probe {
         };
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
+        sources.flows = counting.flows;
         match (&sources.ring, counting.occupancy) {
             (_, Occupancy::Off) => {
                 sources.ring = Ring::Unavailable(counting.occupancy_off.to_owned());

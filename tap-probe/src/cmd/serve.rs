@@ -37,6 +37,10 @@ pub(crate) struct Args {
     /// costs every packet a sample).
     #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
     pub(crate) occupancy: Occupancy,
+    /// Also follow each flow's order (`reordered`, `flows_joined`; see `watch --flows`,
+    /// the costliest per-packet work).
+    #[arg(long)]
+    pub(crate) flows: bool,
     /// Call a queue stuck when it stays stopped this long (seconds, or with a unit) with no
     /// packet taken by its reader.
     #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::duration)]
@@ -69,6 +73,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     );
     let counting = Counting {
         occupancy: args.occupancy,
+        flows: args.flows,
         macvtap: filter.macvtap,
         ..Counting::WATCH
     };

@@ -66,6 +66,8 @@ pub struct Row {
     pub backpressure: Option<bool>,
     /// Whether the wakes were told apart by who woke (`Requires::WakeSources`).
     pub wake_sources: bool,
+    /// Whether flows' order was followed (`Requires::Flows`).
+    pub flows: bool,
     /// `dropped_other` by `enum skb_drop_reason` name (lower case, without the prefix).
     pub drop_reasons: BTreeMap<String, u64>,
     /// Per device: the same on every queue row of the device, since the kernel keeps no
@@ -101,6 +103,7 @@ impl Row {
             Requires::WakeSources => self.wake_sources,
             Requires::Tun => self.kind.is_tun(),
             Requires::TunRing => self.occupancy.is_some(),
+            Requires::Flows => self.flows,
         };
         if !available {
             return Value::Missing;
@@ -137,6 +140,7 @@ pub(crate) struct RowContext {
     /// Whether the ring is sampled (a tun/tap, with the offsets known).
     pub(crate) ring: bool,
     pub(crate) wake_sources: bool,
+    pub(crate) flows: bool,
     pub(crate) retired: bool,
     pub(crate) from_birth: bool,
     pub(crate) at_start: KernelAtStart,
@@ -192,6 +196,7 @@ pub(crate) fn device_rows(
                 occupancy,
                 backpressure: context.backpressure,
                 wake_sources: context.wake_sources,
+                flows: context.flows,
                 drop_reasons,
                 kernel,
                 kernel_at_start: context.at_start,
@@ -324,6 +329,7 @@ pub(crate) mod tests {
             }),
             backpressure: Some(true),
             wake_sources: true,
+            flows: true,
             drop_reasons: [("xmit_error".to_owned(), 3)].into(),
             kernel: KernelDeltas {
                 tx_packets: 6,
@@ -344,6 +350,7 @@ pub(crate) mod tests {
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,
             ring: Ring::Unavailable("not in this test".to_owned()),
+            flows: true,
             notes: Vec::new(),
         }
     }

@@ -510,6 +510,7 @@ fn context(
         backpressure,
         ring: device.kind.is_tun() && matches!(sources.ring, Ring::Sampled { .. }),
         wake_sources: matches!(sources.wakes, Wakes::Callers(_)),
+        flows: sources.flows,
         retired,
         from_birth: tracked.from_birth,
         at_start: KernelAtStart {

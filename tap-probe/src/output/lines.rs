@@ -242,6 +242,7 @@ pub(crate) mod tests {
             occupancy: None,
             backpressure: Some(false),
             wake_sources: true,
+            flows: true,
             drop_reasons: BTreeMap::new(),
             kernel: KernelDeltas {
                 tx_packets: consumed,
