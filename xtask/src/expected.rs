@@ -55,6 +55,10 @@ pub(crate) struct Kernel {
 struct Skip {
     test: String,
     line: String,
+    /// A skip that depends on how much the machine's load lets happen (its line gives the
+    /// figure measured): allowed, not required.
+    #[serde(default)]
+    may: bool,
 }
 
 impl Skip {
@@ -117,7 +121,7 @@ impl Kernel {
                 problems.push(format!("a skip {FILE} does not expect: {skip}"));
             }
         }
-        for expected in &self.skip {
+        for expected in self.skip.iter().filter(|e| !e.may) {
             if !said.skips.iter().any(|s| expected.matches(s)) {
                 problems.push(format!(
                     "an expected skip did not happen: {}: {} (remove it from {FILE} if the \
@@ -248,6 +252,10 @@ line = "no kprobes"
 [[kernel.host.skip]]
 test = "*"
 line = "skipping backend Kprobe"
+[[kernel.host.skip]]
+test = "misses::busy"
+line = "fewer requeues"
+may = true
 "#;
 
     fn all_required(backend: &str) -> Vec<String> {
@@ -269,7 +277,16 @@ line = "skipping backend Kprobe"
         lines.push("skipping backend Kprobe - no kprobes here".to_owned());
         lines.extend(all_required("tracepoint"));
         let said = read("misses", &lines);
+        // A skip that may happen is not required...
         assert_eq!(host.problems(&said), Vec::<String>::new());
+        // ...and allowed where it does.
+        let mut with_may = lines.clone();
+        with_may.push("---- busy stdout ----".to_owned());
+        with_may.push("skipping part - fewer requeues than 50000".to_owned());
+        assert_eq!(
+            host.problems(&read("misses", &with_may)),
+            Vec::<String>::new()
+        );
         let summary = tally_lines(&said);
         assert!(summary.contains("exact checks: 13"), "{summary}");
         assert!(summary.contains("gated off: 0"), "{summary}");

@@ -425,6 +425,17 @@ pub(crate) fn attach(
     // program runs (`bpf_prog_active`, kernel/trace/bpf_trace.c): a softirq that runs on an
     // interrupt's exit in the middle of a process-context kprobe program loses every driver
     // call it makes. A raw tracepoint program only ever skips itself.
+    let no_location = || {
+        anyhow!(
+            "the consume_skb tracepoint has no location argument (Linux < 6.3), so it cannot \
+             tell a reader's take from any other free"
+        )
+    };
+    if matches!(backend, Backend::Tracepoint) && !kernel.consume_has_location {
+        // What rules the backend out goes first: before 6.3 the xmit programs may not load
+        // either (6.1's verifier refuses the typed ones), which would hide it.
+        return Err(no_location()).context("nothing can count reader takes with tracepoints");
+    }
     let xmit = match backend {
         Backend::Kprobe => Xmit::Kprobes(attach_xmit_kprobes(ebpf, kprobes, &kernel.kallsyms)?),
         Backend::Tracepoint => {
@@ -440,12 +451,6 @@ pub(crate) fn attach(
         },
     };
 
-    let no_location = || {
-        anyhow!(
-            "the consume_skb tracepoint has no location argument (Linux < 6.3), so it cannot \
-             tell a reader's take from any other free"
-        )
-    };
     let consume_tracepoint = |ebpf: &mut Ebpf| {
         if kernel.consume_has_location {
             attach_tp(ebpf, btf, PROG_CONSUME_SKB)
