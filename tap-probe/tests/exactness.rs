@@ -188,7 +188,7 @@ fn always(checks: &mut Checks, gate: &Gate, row: &Row, run: &Run<'_>) {
     );
     gate.same(
         ring.current,
-        Some(c.enqueued - c.consumed),
+        c.enqueued.checked_sub(c.consumed),
         "at rest, the ring holds what went in and was not taken",
     );
     match run.qdisc {

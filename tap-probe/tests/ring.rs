@@ -80,7 +80,7 @@ fn ring_occupancy_follows_what_went_in_and_out() {
             eprintln!("{backend:?}: {c:?}\n{ring:?}");
             gate.same(
                 ring.current,
-                Some(c.enqueued - c.consumed),
+                c.enqueued.checked_sub(c.consumed),
                 "the ring holds what went in and was not taken",
             );
             checks.eq(

@@ -8,9 +8,13 @@ use std::sync::LazyLock;
 
 use anyhow::{Context as _, bail};
 
-/// The workspace root (the parent of `xtask/`).
+/// The workspace root (the parent of `xtask/`). `cargo run` names the manifest's directory
+/// at run time; the one compiled in is only a fallback, because cargo may reuse a binary
+/// built from another checkout that shares the target directory.
 pub(crate) fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest_dir
         .parent()
         .expect("xtask lives inside the workspace")
         .to_path_buf()
