@@ -48,12 +48,17 @@ const PRIVILEGED_FEATURE: &str = "privileged-tests";
 /// Privileged test targets run on the host only:
 /// - `stop` tests how runs end (signals, terminals, pipes, child processes), which is
 ///   tap-probe's own doing on every kernel, and boots a guest itself, which a guest cannot;
+/// - `record_robustness` (a recording's end under a flood it cannot keep up with, a
+///   signal, a kill, a full disk) and `watch_tty` (the views on a pseudo-terminal) test
+///   tap-probe's own files, signals and drawing too. What they read of the kernel (the
+///   events and counters of either backend) the other targets check exactly in every guest;
+///   under emulation the two took some 80 s of each guest's 400;
 /// - `fleet` and `service` check the deployment files (the systemd unit's capabilities and
 ///   system call filter, the alert rules and the dashboard against a Prometheus server)
 ///   with host tools a guest does not carry (`setpriv`, `strace`, `systemd-analyze`,
 ///   `prometheus`). What they see of the kernel, the other privileged targets check in every
 ///   guest; the static binary's own run in a guest is stage `dist`.
-const HOST_ONLY: &[&str] = &["stop", "fleet", "service"];
+const HOST_ONLY: &[&str] = &["stop", "record_robustness", "watch_tty", "fleet", "service"];
 
 /// Unit test modules whose tests need root (and, so, the kernel).
 pub(crate) const PRIVILEGED_MODULES: &str = "privileged_tests::";

@@ -6,9 +6,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::bpf::backend::Backend;
-use crate::bpf::probe::{Counting, Occupancy};
-use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
 use crate::output::prometheus::{About, Exporter, Settings};
@@ -29,22 +26,8 @@ pub(crate) struct Args {
     /// dropped (0: at once). Make it longer than Prometheus' scrape interval.
     #[arg(long, value_name = "DURATION", default_value = "300", value_parser = crate::cli::delay)]
     pub(crate) forget_after: Duration,
-    /// Which kernel hooks feed the counters (`tap-probe doctor` shows what this kernel
-    /// allows).
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    pub(crate) backend: Backend,
-    /// Where the tun/tap rings' occupancy is sampled (see `watch --occupancy`; `exact`
-    /// costs every packet a sample).
-    #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
-    pub(crate) occupancy: Occupancy,
-    /// Also follow each flow's order (`reordered`, `flows_joined`; see `watch --flows`,
-    /// the costliest per-packet work).
-    #[arg(long)]
-    pub(crate) flows: bool,
-    /// Call a queue stuck when it stays stopped this long (seconds, or with a unit) with no
-    /// packet taken by its reader.
-    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::duration)]
-    pub(crate) stuck_after: Duration,
+    #[command(flatten)]
+    pub(crate) counting: crate::cli::CountingArgs,
 }
 
 /// Runs `tap-probe serve`.
@@ -71,14 +54,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         "serving metrics on http://{0}/metrics and health on http://{0}/healthz",
         exporter.addr()
     );
-    let counting = Counting {
-        occupancy: args.occupancy,
-        flows: args.flows,
-        macvtap: filter.macvtap,
-        ..Counting::WATCH
-    };
-    let mut watcher = Watcher::counting(&kernel, &filter, args.backend, counting)?;
-    watcher.set_stuck_after(args.stuck_after);
+    let mut watcher = args.counting.watcher(&kernel, &filter)?;
     log::info!(
         "attached on {} (tap-probe {}, commit {}); sources: {}",
         kernel.release,

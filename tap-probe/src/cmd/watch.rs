@@ -4,9 +4,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::bpf::backend::Backend;
-use crate::bpf::probe::{Counting, Occupancy};
-use crate::host::watcher::Watcher;
 use crate::kernel::KernelInfo;
 use crate::os::signals::Stop;
 use crate::output::Format;
@@ -31,31 +28,12 @@ pub(crate) struct Args {
     /// Start even if no device matches yet, and pick devices up as they appear.
     #[arg(long)]
     pub(crate) wait: bool,
-    /// Which kernel hooks feed the counters; `auto` picks the best that works, counter by
-    /// counter (`tap-probe doctor` shows what this kernel allows). The tracepoints cost
-    /// least: a kprobe costs several times a tracepoint program per packet.
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    pub(crate) backend: Backend,
+    #[command(flatten)]
+    pub(crate) counting: crate::cli::CountingArgs,
     /// Also report what each eBPF program costs, as the kernel measures it (runs and mean
     /// ns per run); turning the measurement on adds two clock reads per run.
     #[arg(long)]
     pub(crate) program_stats: bool,
-    /// Where the tun/tap rings' occupancy is sampled: `events` (where the queue stops and
-    /// wakes, at a full-ring drop, once per refresh: no packet pays), `exact` (also at
-    /// every driver call and reader take: each sample moves a cache line between CPUs, the
-    /// most costly counter under a flood), `off`.
-    #[arg(long, value_enum, value_name = "WHERE", default_value_t)]
-    pub(crate) occupancy: Occupancy,
-    /// Also follow each flow's order (`reordered`, `flows_joined`): every driver call reads
-    /// the packet's headers and updates a flow table, the costliest per-packet work (about
-    /// 75 ns a packet, 5 % of a flooded tap's rate, on a 2-CPU machine). Off, those two
-    /// columns are empty, not zero.
-    #[arg(long)]
-    pub(crate) flows: bool,
-    /// Call a queue stuck when it stays stopped this long (seconds, or with a unit) with no
-    /// packet taken by its reader.
-    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = crate::cli::duration)]
-    pub(crate) stuck_after: Duration,
     /// Also serve the counters for Prometheus at `http://ADDR/metrics`, refreshed every
     /// interval (ADDR as IP:PORT, e.g. 127.0.0.1:9464; port 0 picks a free one, printed on
     /// stderr).
@@ -114,14 +92,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .program_stats
         .then(crate::bpf::probe::enable_run_stats)
         .transpose()?;
-    let counting = Counting {
-        occupancy: args.occupancy,
-        flows: args.flows,
-        macvtap: filter.macvtap,
-        ..Counting::WATCH
-    };
-    let mut watcher = Watcher::counting(&kernel, &filter, args.backend, counting)?;
-    watcher.set_stuck_after(args.stuck_after);
+    let mut watcher = args.counting.watcher(&kernel, &filter)?;
     log::info!("sources: {}", watcher.sources());
     let first = watcher.refresh()?;
     if first.rows.is_empty() && !args.wait {
