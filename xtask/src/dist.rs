@@ -51,15 +51,23 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The stage of `cargo xtask test`: build, then check in Debian 12's own kernel.
+/// The build half of `cargo xtask test`'s static-binary check, run in the host's lane: the
+/// binary (which must be static) and its archive; returns the binary's path.
 ///
 /// # Errors
 /// As [`run`].
-pub(crate) fn test_stage() -> anyhow::Result<()> {
-    run(&Args {
-        check: true,
-        kernel: KernelSpec::Debian(Series::Debian6_1),
-    })
+pub(crate) fn build_stage() -> anyhow::Result<PathBuf> {
+    let binary = build()?;
+    package(&binary)?;
+    Ok(binary)
+}
+
+/// The guest half, run in the guests' lane: `binary` alone in Debian 12's own kernel.
+///
+/// # Errors
+/// As [`run`].
+pub(crate) fn check_stage(binary: &Path) -> anyhow::Result<()> {
+    check_in_guest(binary, &KernelSpec::Debian(Series::Debian6_1))
 }
 
 /// Builds the static binary and returns its path.

@@ -5,6 +5,8 @@
 //! `xtask/expected.toml` says.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -35,6 +37,8 @@ struct Host {
     said: Output,
     /// Per host test binary: its label, its `test result:` line and how long it ran.
     results: Vec<String>,
+    /// Where stage `dist-build` hands the static binary to the guests' stage `dist`.
+    static_binary: Option<mpsc::Sender<PathBuf>>,
 }
 
 /// One stage of the pipeline.
@@ -145,12 +149,28 @@ const HOST_STAGES: &[Stage<Host>] = &[
         skipped_by: Some(|args| args.no_privileged.then_some("--no-privileged")),
         run: privileged_tests,
     },
+    Stage {
+        // The static binary for the guests' stage `dist`: a whole release build for musl,
+        // here rather than in the guests' lane, whose stages are the run's longest.
+        name: "dist-build",
+        skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
+        run: |_, host| {
+            let binary = dist::build_stage()?;
+            if let Some(to_guests) = host.static_binary.take() {
+                // The guests' lane may have ended already (a guest failed): nothing waits.
+                let _ = to_guests.send(binary);
+            }
+            Ok(())
+        },
+    },
 ];
 
 /// The guests' stages: they need the build and no root.
 struct Guests<'a> {
     slots: &'a vm::Slots,
     runs: Vec<GuestRun>,
+    /// The static binary, from the host's stage `dist-build`.
+    static_binary: Option<mpsc::Receiver<PathBuf>>,
 }
 
 /// The guests' stages (a function: they borrow the run's slots).
@@ -196,7 +216,15 @@ fn guest_stages<'a>() -> [Stage<Guests<'a>>; 3] {
             // The static binary, alone in a guest on Debian 12's own kernel.
             name: "dist",
             skipped_by: Some(|args| args.no_vm.then_some("--no-vm")),
-            run: |_, _| dist::test_stage(),
+            run: |_, guests| {
+                let binary = guests
+                    .static_binary
+                    .take()
+                    .context("the static binary was asked for twice")?
+                    .recv()
+                    .context("no static binary: the host's lane ended before `dist-build`")?;
+                dist::check_stage(&binary)
+            },
         },
     ]
 }
@@ -306,10 +334,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // stages run (a guest's emulation takes one CPU whole, and the privileged tests time
     // traffic on the host), then as many as there are CPUs.
     let slots = vm::Slots::new(1);
-    let mut host = Host::default();
+    let (to_guests, static_binary) = mpsc::channel();
+    let mut host = Host {
+        static_binary: Some(to_guests),
+        ..Host::default()
+    };
     let mut guests = Guests {
         slots: &slots,
         runs: Vec::new(),
+        static_binary: Some(static_binary),
     };
     let mut host_times = Times::new();
     let mut guest_times = Times::new();
@@ -323,6 +356,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let lane = Instant::now();
         let host_ran = run_stages(HOST_STAGES, args, &suite, &mut host, &mut host_times);
         host_times.push(("host (in all)", secs(lane.elapsed())));
+        // A lane that failed before `dist-build` sent nothing: the guests' `dist` then
+        // hears so instead of waiting.
+        host.static_binary = None;
         if host_ran.is_err() {
             slots.close();
         } else {
