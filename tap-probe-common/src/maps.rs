@@ -53,7 +53,7 @@ pub const QUEUE_STATE_UNKNOWN: u64 = 2;
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceKey {
-    pub netns: u32,
+    pub netns_inode: u32,
     pub ifindex: u32,
 }
 

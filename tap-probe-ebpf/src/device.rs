@@ -141,8 +141,11 @@ pub(crate) fn device<M: Mem>(dev: u64) -> Option<DeviceCache> {
     } else {
         M::read(dev, fact!(dev_net))?
     };
-    let netns: u32 = M::read(net, fact!(net_inum))?;
-    let key = DeviceKey { netns, ifindex };
+    let netns_inode: u32 = M::read(net, fact!(net_inum))?;
+    let key = DeviceKey {
+        netns_inode,
+        ifindex,
+    };
     // SAFETY: the value is copied out before any other map operation.
     let slot = if let Some(slot) = unsafe { DEVICES.get(key) }.copied() {
         slot

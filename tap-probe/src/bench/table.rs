@@ -260,14 +260,14 @@ impl BenchTable {
     /// The JSON document: the header, every cell with its runs, and the diffs.
     pub(crate) fn to_json(&self) -> String {
         #[derive(Serialize)]
-        struct Document<'a> {
+        struct BenchDocument<'a> {
             format: &'static str,
             version: u32,
             #[serde(flatten)]
             table: &'a BenchTable,
         }
         // Finite numbers (checked in `new`) and string keys: serialising cannot fail.
-        serde_json::to_string_pretty(&Document {
+        serde_json::to_string_pretty(&BenchDocument {
             format: "tap-probe-bench",
             version: 1,
             table: self,

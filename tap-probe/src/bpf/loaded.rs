@@ -26,9 +26,9 @@ pub struct Program {
     pub name: String,
 }
 
-/// A link: an attachment of a program.
+/// A bpf link (`struct bpf_link`): an attachment of a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Link {
+pub struct BpfLink {
     pub id: u32,
     pub program: u32,
 }
@@ -105,7 +105,7 @@ pub fn programs() -> std::io::Result<Vec<Program>> {
 ///
 /// # Errors
 /// When the kernel refuses the listing (no `CAP_SYS_ADMIN`).
-pub fn links() -> std::io::Result<Vec<Link>> {
+pub fn links() -> std::io::Result<Vec<BpfLink>> {
     let mut links = Vec::new();
     for id in ids(BPF_LINK_GET_NEXT_ID)? {
         let mut buf = [0u8; LINK_PROG_ID + 4];
@@ -115,7 +115,7 @@ pub fn links() -> std::io::Result<Vec<Link>> {
                     .try_into()
                     .unwrap_or_default(),
             );
-            links.push(Link { id, program });
+            links.push(BpfLink { id, program });
         }
     }
     Ok(links)

@@ -27,8 +27,9 @@ use super::report::{CheckReport, Measured};
 const FORMAT: &str = "tap-probe-check-baseline";
 const VERSION: u64 = 1;
 
+/// A baseline file's contents: per scenario, the values an earlier run measured.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Baseline {
+pub(crate) struct SavedBaseline {
     /// Where it was read from, for messages.
     source: String,
     kernel_release: String,
@@ -44,7 +45,7 @@ struct File {
     scenarios: BTreeMap<String, Measured>,
 }
 
-impl Baseline {
+impl SavedBaseline {
     /// The values a run measured, for `--save-baseline`. Scenarios that measured nothing
     /// (they failed to run) are left out: a later run comparing with them gets an error
     /// naming the scenario, not a comparison with nothing.
@@ -151,7 +152,7 @@ impl Baseline {
             })?;
         measured
             .get(name)
-            .map(super::report::Value::as_f64)
+            .map(super::report::MeasuredValue::as_f64)
             .ok_or_else(|| BaselineError::NoValue {
                 source: self.source.clone(),
                 scenario: scenario.to_owned(),
@@ -214,7 +215,7 @@ impl std::error::Error for BaselineError {}
 mod tests {
     use super::*;
     use crate::check::report::tests::{KNOWN, backpressure, report, spec};
-    use crate::check::report::{ScenarioReport, Value};
+    use crate::check::report::{MeasuredValue, ScenarioReport};
     use crate::check::spec::Spec;
 
     #[test]
@@ -224,14 +225,14 @@ mod tests {
         m.insert_count("sent", (1 << 53) + 1);
         m.insert_real("delivered_pps", 0.1).unwrap();
         report.scenarios[0].measured = Some(m);
-        let baseline = Baseline::from_report(&report);
+        let baseline = SavedBaseline::from_report(&report);
         let text = baseline.to_json();
-        let read = Baseline::parse(&text, "base.json").unwrap();
+        let read = SavedBaseline::parse(&text, "base.json").unwrap();
         assert_eq!(read.kernel_release(), "7.3.0-1-cloud-amd64");
         assert_eq!(read.scenarios, baseline.scenarios);
         assert_eq!(
             read.scenarios["stock"].get("sent"),
-            Some(Value::Count((1 << 53) + 1))
+            Some(MeasuredValue::Count((1 << 53) + 1))
         );
         assert_eq!(read.value("stock", "delivered_pps"), Ok(0.1));
         assert_eq!(
@@ -253,15 +254,18 @@ mod tests {
         let mut report = report();
         report.scenarios[0] =
             ScenarioReport::errored(&spec.scenarios[0], "no tun".to_owned(), None, 0.0);
-        let baseline = Baseline::from_report(&report);
+        let baseline = SavedBaseline::from_report(&report);
         let names: Vec<&String> = baseline.scenarios.keys().collect();
         assert_eq!(names, ["fq_codel with backpressure"]);
     }
 
     #[test]
     fn missing_scenario_or_value_names_both() {
-        let read =
-            Baseline::parse(&Baseline::from_report(&report()).to_json(), "base.json").unwrap();
+        let read = SavedBaseline::parse(
+            &SavedBaseline::from_report(&report()).to_json(),
+            "base.json",
+        )
+        .unwrap();
         assert_eq!(
             read.value("renamed", "sent").unwrap_err().to_string(),
             "baseline base.json has no scenario \"renamed\" (it has \"fq_codel with \
@@ -273,7 +277,7 @@ mod tests {
             "baseline base.json has no `stuck` for scenario \"stock\"; the run that saved it \
              did not measure `stuck`: save the baseline again"
         );
-        let empty = Baseline::parse(
+        let empty = SavedBaseline::parse(
             r#"{"format": "tap-probe-check-baseline", "version": 1, "kernel_release": "x", "scenarios": {}}"#,
             "e.json",
         )
@@ -321,7 +325,7 @@ mod tests {
                 "is damaged",
             ),
         ] {
-            let err = format!("{:#}", Baseline::parse(text, "b.json").unwrap_err());
+            let err = format!("{:#}", SavedBaseline::parse(text, "b.json").unwrap_err());
             assert!(err.contains(message), "{text}: {err}");
             assert!(err.contains("b.json"), "{text}: {err}");
         }
@@ -332,14 +336,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("check-baseline-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("base.json");
-        let baseline = Baseline::from_report(&report());
+        let baseline = SavedBaseline::from_report(&report());
         baseline.write(&path).unwrap();
-        let read = Baseline::read(&path).unwrap();
+        let read = SavedBaseline::read(&path).unwrap();
         assert_eq!(read.scenarios, baseline.scenarios);
         assert!(read.source.ends_with("base.json"));
         let err = format!(
             "{:#}",
-            Baseline::read(&dir.join("missing.json")).unwrap_err()
+            SavedBaseline::read(&dir.join("missing.json")).unwrap_err()
         );
         assert!(
             err.contains("missing.json") && err.contains("--save-baseline"),
@@ -363,8 +367,11 @@ backpressure = true
 packets = 50000
 expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.sent"]
 "#;
-        let saved =
-            Baseline::parse(&Baseline::from_report(&report()).to_json(), "base.json").unwrap();
+        let saved = SavedBaseline::parse(
+            &SavedBaseline::from_report(&report()).to_json(),
+            "base.json",
+        )
+        .unwrap();
         let spec = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
         let mut slower = backpressure();
         slower.insert_real("delivered_pps", 90_000.0).unwrap();

@@ -230,7 +230,7 @@ mod tests {
             }
         }
 
-        struct Reader<'a> {
+        struct XmlReader<'a> {
             s: &'a str,
             pos: usize,
         }
@@ -243,7 +243,7 @@ mod tests {
                     return Err(format!("character {c:?} is not allowed in XML"));
                 }
             }
-            let mut r = Reader { s, pos: 0 };
+            let mut r = XmlReader { s, pos: 0 };
             if r.rest().starts_with("<?xml") {
                 let end = r.rest().find("?>").ok_or("unterminated declaration")?;
                 r.pos += end + 2;
@@ -257,7 +257,7 @@ mod tests {
             Ok(root)
         }
 
-        impl Reader<'_> {
+        impl XmlReader<'_> {
             fn rest(&self) -> &str {
                 &self.s[self.pos..]
             }

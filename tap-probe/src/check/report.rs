@@ -13,7 +13,7 @@ use std::fmt::{self, Write as _};
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::baseline::Baseline;
+use super::baseline::SavedBaseline;
 use super::expr::{Expectation, MAX_EXACT_INTEGER, Name, format_value};
 use super::spec::{Scenario, Traffic};
 
@@ -39,16 +39,17 @@ pub(crate) const PACKET_FATE: &[&str] = &[
     "kernel_tx_dropped",
 ];
 
-/// A measured value: a count (kept exact in JSON) or a rate.
+/// A value a scenario measured, or one an expectation computed from them: a count (kept
+/// exact in JSON) or a rate.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum Value {
+pub(crate) enum MeasuredValue {
     Count(u64),
     /// Always finite.
     Real(f64),
 }
 
-impl Value {
+impl MeasuredValue {
     /// The value as expressions see it; counts are exact up to 2^53.
     #[expect(
         clippy::cast_precision_loss,
@@ -80,7 +81,7 @@ impl Value {
     }
 }
 
-impl fmt::Display for Value {
+impl fmt::Display for MeasuredValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Count(n) => write!(f, "{n}"),
@@ -93,21 +94,24 @@ impl fmt::Display for Value {
 /// over the tap's queues, the kernel's device counters and the load report's numbers.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub(crate) struct Measured(BTreeMap<String, Value>);
+pub(crate) struct Measured(BTreeMap<String, MeasuredValue>);
 
 impl Measured {
     /// Sets a count (a per-device value such as `kernel_tx_packets`, or a load report's).
     pub(crate) fn insert_count(&mut self, name: &str, n: u64) {
-        self.0.insert(name.to_owned(), Value::Count(n));
+        self.0.insert(name.to_owned(), MeasuredValue::Count(n));
     }
 
     /// Adds to a count: one call per queue sums a counter over the queues.
     pub(crate) fn add_count(&mut self, name: &str, n: u64) {
-        let entry = self.0.entry(name.to_owned()).or_insert(Value::Count(0));
+        let entry = self
+            .0
+            .entry(name.to_owned())
+            .or_insert(MeasuredValue::Count(0));
         *entry = match *entry {
             // Counts of one run stay far below u64's range; saturating keeps this total.
-            Value::Count(c) => Value::Count(c.saturating_add(n)),
-            Value::Real(v) => Value::Real(v + Value::Count(n).as_f64()),
+            MeasuredValue::Count(c) => MeasuredValue::Count(c.saturating_add(n)),
+            MeasuredValue::Real(v) => MeasuredValue::Real(v + MeasuredValue::Count(n).as_f64()),
         };
     }
 
@@ -120,15 +124,15 @@ impl Measured {
         if !v.is_finite() {
             bail!("`{name}` measured as {v}, which is not a number an expectation can use");
         }
-        self.0.insert(name.to_owned(), Value::Real(v));
+        self.0.insert(name.to_owned(), MeasuredValue::Real(v));
         Ok(())
     }
 
-    pub(crate) fn get(&self, name: &str) -> Option<Value> {
+    pub(crate) fn get(&self, name: &str) -> Option<MeasuredValue> {
         self.0.get(name).copied()
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, Value)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, MeasuredValue)> {
         self.0.iter().map(|(k, v)| (k.as_str(), *v))
     }
 
@@ -158,7 +162,7 @@ impl Verdict {
 
 /// Named values in a chosen order (a JSON object that keeps it).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct NamedValues(pub(crate) Vec<(String, Value)>);
+pub(crate) struct NamedValues(pub(crate) Vec<(String, MeasuredValue)>);
 
 impl Serialize for NamedValues {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -188,8 +192,8 @@ pub(crate) struct ExpectationReport {
     /// The expectation as written.
     pub(crate) expect: String,
     pub(crate) verdict: Verdict,
-    pub(crate) left: Option<Value>,
-    pub(crate) right: Option<Value>,
+    pub(crate) left: Option<MeasuredValue>,
+    pub(crate) right: Option<MeasuredValue>,
     /// Why it failed (both sides and their values) or could not be evaluated.
     pub(crate) message: Option<String>,
     /// The values of the names the expectation uses (`baseline.NAME` included).
@@ -234,12 +238,12 @@ impl ScenarioReport {
     pub(crate) fn judged(
         scenario: &Scenario,
         measured: Measured,
-        baseline: Option<&Baseline>,
+        baseline: Option<&SavedBaseline>,
         duration_secs: f64,
     ) -> Self {
         let lookup = |name: &Name| -> Option<f64> {
             match name {
-                Name::Measured(n) => measured.get(n).map(Value::as_f64),
+                Name::Measured(n) => measured.get(n).map(MeasuredValue::as_f64),
                 Name::Baseline(n) => baseline.and_then(|b| b.value(&scenario.name, n).ok()),
             }
         };
@@ -306,15 +310,15 @@ fn judge(
         expectation
             .names()
             .into_iter()
-            .filter_map(|name| Some((name.to_string(), Value::from_f64(lookup(name)?))))
+            .filter_map(|name| Some((name.to_string(), MeasuredValue::from_f64(lookup(name)?))))
             .collect(),
     );
     match expectation.evaluate(lookup) {
         Ok(outcome) if outcome.holds => ExpectationReport {
             expect: expectation.text().to_owned(),
             verdict: Verdict::Pass,
-            left: Some(Value::from_f64(outcome.left)),
-            right: Some(Value::from_f64(outcome.right)),
+            left: Some(MeasuredValue::from_f64(outcome.left)),
+            right: Some(MeasuredValue::from_f64(outcome.right)),
             message: None,
             values,
             packets: NamedValues::default(),
@@ -331,8 +335,8 @@ fn judge(
             ExpectationReport {
                 expect: expectation.text().to_owned(),
                 verdict: Verdict::Fail,
-                left: Some(Value::from_f64(outcome.left)),
-                right: Some(Value::from_f64(outcome.right)),
+                left: Some(MeasuredValue::from_f64(outcome.left)),
+                right: Some(MeasuredValue::from_f64(outcome.right)),
                 message: Some(expectation.failure_message(&outcome)),
                 values,
                 packets: NamedValues(packets),
@@ -403,13 +407,13 @@ impl CheckReport {
     /// The `--format json` document.
     pub(crate) fn to_json(&self) -> String {
         #[derive(Serialize)]
-        struct Document<'a> {
+        struct CheckDocument<'a> {
             kernel_release: &'a str,
             verdict: Verdict,
             exit_code: u8,
             scenarios: &'a [ScenarioReport],
         }
-        let document = Document {
+        let document = CheckDocument {
             kernel_release: &self.kernel_release,
             verdict: self.verdict(),
             exit_code: self.exit().code(),
@@ -572,18 +576,21 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
     #[test]
     fn measured_sums_queues_and_keeps_kinds() {
         let m = tail_drop();
-        assert_eq!(m.get("dropped_full_ring"), Some(Value::Count(49_000)));
-        assert_eq!(m.get("consumed"), Some(Value::Count(1000)));
-        assert_eq!(m.get("delivered_pps"), Some(Value::Real(4000.0)));
+        assert_eq!(
+            m.get("dropped_full_ring"),
+            Some(MeasuredValue::Count(49_000))
+        );
+        assert_eq!(m.get("consumed"), Some(MeasuredValue::Count(1000)));
+        assert_eq!(m.get("delivered_pps"), Some(MeasuredValue::Real(4000.0)));
         assert_eq!(m.get("nothing"), None);
         let mut m = Measured::default();
         assert!(m.is_empty());
         m.add_count("a", u64::MAX);
         m.add_count("a", 5);
-        assert_eq!(m.get("a"), Some(Value::Count(u64::MAX)));
+        assert_eq!(m.get("a"), Some(MeasuredValue::Count(u64::MAX)));
         m.insert_real("r", 1.5).unwrap();
         m.add_count("r", 2);
-        assert_eq!(m.get("r"), Some(Value::Real(3.5)));
+        assert_eq!(m.get("r"), Some(MeasuredValue::Real(3.5)));
         assert!(m.insert_real("bad", f64::NAN).is_err());
         assert!(m.insert_real("bad", f64::INFINITY).is_err());
         assert_eq!(m.get("bad"), None);
@@ -593,14 +600,20 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
 
     #[test]
     fn values_convert_exactly() {
-        assert_eq!(Value::from_f64(49_000.0), Value::Count(49_000));
-        assert_eq!(Value::from_f64(0.0), Value::Count(0));
-        assert_eq!(Value::from_f64(-3.0), Value::Real(-3.0));
-        assert_eq!(Value::from_f64(0.5), Value::Real(0.5));
-        assert_eq!(Value::from_f64(1e300), Value::Real(1e300));
-        assert_eq!(Value::Count(49_000).to_string(), "49000");
-        assert_eq!(Value::Real(0.25).to_string(), "0.25");
-        assert_eq!(Value::Count(1 << 53).as_f64(), 9_007_199_254_740_992.0);
+        assert_eq!(
+            MeasuredValue::from_f64(49_000.0),
+            MeasuredValue::Count(49_000)
+        );
+        assert_eq!(MeasuredValue::from_f64(0.0), MeasuredValue::Count(0));
+        assert_eq!(MeasuredValue::from_f64(-3.0), MeasuredValue::Real(-3.0));
+        assert_eq!(MeasuredValue::from_f64(0.5), MeasuredValue::Real(0.5));
+        assert_eq!(MeasuredValue::from_f64(1e300), MeasuredValue::Real(1e300));
+        assert_eq!(MeasuredValue::Count(49_000).to_string(), "49000");
+        assert_eq!(MeasuredValue::Real(0.25).to_string(), "0.25");
+        assert_eq!(
+            MeasuredValue::Count(1 << 53).as_f64(),
+            9_007_199_254_740_992.0
+        );
     }
 
     #[test]
@@ -611,8 +624,8 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
         assert_eq!(stock.expectations[0].verdict, Verdict::Pass);
         let failed = &stock.expectations[1];
         assert_eq!(failed.verdict, Verdict::Fail);
-        assert_eq!(failed.left, Some(Value::Count(49_000)));
-        assert_eq!(failed.right, Some(Value::Count(0)));
+        assert_eq!(failed.left, Some(MeasuredValue::Count(49_000)));
+        assert_eq!(failed.right, Some(MeasuredValue::Count(0)));
         assert_eq!(
             failed.message.as_deref(),
             Some("`dropped_full_ring == 0` failed: left `dropped_full_ring` = 49000, right = 0")
@@ -733,8 +746,8 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
         assert_eq!(failed["left"], 49_000);
         assert_eq!(failed["right"], 0);
         assert_eq!(failed["values"]["dropped_full_ring"], 49_000);
-        // The packets object keeps the order a packet travels (`Value` sorts its keys, so
-        // this looks at the text).
+        // The packets object keeps the order a packet travels (`serde_json::Value` sorts its
+        // keys, so this looks at the text).
         let text = report().to_json();
         let packets = &text[text.find("\"packets\": {\n").unwrap()..];
         let packets = &packets[..packets.find('}').unwrap()];

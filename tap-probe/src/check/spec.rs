@@ -28,7 +28,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use super::baseline::Baseline;
+use super::baseline::SavedBaseline;
 use super::expr::{Expectation, Name};
 
 /// The largest ring tun allocates on x86-64: `__ptr_ring_init_queue_alloc` refuses more
@@ -97,7 +97,7 @@ impl Spec {
     pub(crate) fn parse(
         text: &str,
         known: &[&str],
-        baseline: Option<&Baseline>,
+        baseline: Option<&SavedBaseline>,
     ) -> Result<Spec, SpecErrors> {
         let raw: RawSpec = toml::from_str(text)
             .map_err(|err| SpecErrors(vec![toml_error(text, err.message(), err.span())]))?;
@@ -351,7 +351,7 @@ impl Checker<'_> {
         &mut self,
         raw: RawScenario,
         known: &[&str],
-        baseline: Option<&Baseline>,
+        baseline: Option<&SavedBaseline>,
     ) -> Option<Scenario> {
         let before = self.errors.len();
         let stop_present = raw.packets.is_some() || raw.duration.is_some();
@@ -468,7 +468,7 @@ impl Checker<'_> {
         &mut self,
         expect: Option<Spanned<Vec<Spanned<String>>>>,
         known: &[&str],
-        baseline: Option<&Baseline>,
+        baseline: Option<&SavedBaseline>,
         scenario: Option<&str>,
     ) -> Vec<Expectation> {
         let Some(expect) = expect else {
@@ -531,7 +531,7 @@ impl Checker<'_> {
 /// Every `baseline.NAME` of `expectation` must be in the baseline's record of `scenario`.
 fn check_baseline(
     expectation: &Expectation,
-    baseline: Option<&Baseline>,
+    baseline: Option<&SavedBaseline>,
     scenario: Option<&str>,
 ) -> Result<(), String> {
     for name in expectation.names() {
@@ -1154,7 +1154,7 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent", "stuck == 
         );
     }
 
-    fn baseline_with(scenario: &str, pairs: &[(&str, u64)]) -> Baseline {
+    fn baseline_with(scenario: &str, pairs: &[(&str, u64)]) -> SavedBaseline {
         let text = with("").replace("name = \"s\"", &format!("name = {scenario:?}"));
         let spec = parse(&text).unwrap();
         let mut measured = Measured::default();
@@ -1170,7 +1170,7 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent", "stuck == 
                 0.0,
             )],
         };
-        Baseline::parse(&Baseline::from_report(&report).to_json(), "base.json").unwrap()
+        SavedBaseline::parse(&SavedBaseline::from_report(&report).to_json(), "base.json").unwrap()
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 
-use crate::check::baseline::Baseline;
+use crate::check::baseline::SavedBaseline;
 use crate::check::report::{CheckReport, Exit, ScenarioReport};
 use crate::check::spec::Spec;
 use crate::check::{junit, run};
@@ -54,7 +54,11 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
             return Ok(ExitCode::from(Exit::Problem.code()));
         }
     };
-    let baseline = args.baseline.as_deref().map(Baseline::read).transpose()?;
+    let baseline = args
+        .baseline
+        .as_deref()
+        .map(SavedBaseline::read)
+        .transpose()?;
     if let Some(baseline) = &baseline {
         let here = crate::kernel::release();
         if baseline.kernel_release() != here {
@@ -89,7 +93,7 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
         write(junit, &junit::render(&report))?;
     }
     if let Some(path) = &args.save_baseline {
-        Baseline::from_report(&report).write(path)?;
+        SavedBaseline::from_report(&report).write(path)?;
     }
     Ok(ExitCode::from(report.exit().code()))
 }
@@ -99,7 +103,11 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
 fn read_spec(args: &Args) -> Result<Spec> {
     let text = std::fs::read_to_string(&args.spec)
         .with_context(|| format!("cannot read the spec {}", args.spec.display()))?;
-    let baseline = args.baseline.as_deref().map(Baseline::read).transpose()?;
+    let baseline = args
+        .baseline
+        .as_deref()
+        .map(SavedBaseline::read)
+        .transpose()?;
     Spec::parse(&text, &run::known_names(), baseline.as_ref()).map_err(|errors| {
         anyhow::anyhow!("{} is not a usable spec:\n{errors}", args.spec.display())
     })
@@ -107,7 +115,7 @@ fn read_spec(args: &Args) -> Result<Spec> {
 
 /// Every scenario in turn; a scenario the kernel refuses is an error of its own and the
 /// others still run.
-fn run_scenarios(spec: &Spec, baseline: Option<&Baseline>) -> Result<CheckReport> {
+fn run_scenarios(spec: &Spec, baseline: Option<&SavedBaseline>) -> Result<CheckReport> {
     crate::kernel::privileges::check()?;
     let kernel = KernelInfo::load()?;
     let stop = Stop::install()?;

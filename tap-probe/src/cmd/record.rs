@@ -114,7 +114,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         devices: followed
             .iter()
             .map(|f| DeviceInfo {
-                netns: f.device.key.netns,
+                netns: f.device.key.netns_inode,
                 ifindex: f.device.key.ifindex,
                 queues: f.queues,
                 ring_size: f.device.tx_queue_len,

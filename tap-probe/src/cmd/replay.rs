@@ -103,8 +103,9 @@ pub(crate) struct RecordedCounts {
     pub(crate) queue_wakes: u64,
 }
 
+/// What `replay --format json` prints: where the streams came from and each one's replays.
 #[derive(Debug, serde::Serialize)]
-struct Report<'a> {
+struct ReplayOutput<'a> {
     source: String,
     /// Events lost while recording (then the prediction lacks them).
     lost: u64,
@@ -161,12 +162,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     crate::output::stdout(&match args.format {
         Format::Json => {
-            let report = Report {
+            let output = ReplayOutput {
                 source,
                 lost,
                 streams: &reports,
             };
-            serde_json::to_string(&report)? + "\n"
+            serde_json::to_string(&output)? + "\n"
         }
         Format::Table => table(&source, lost, &reports),
     })?;
@@ -446,14 +447,16 @@ mod tests {
     use super::*;
     use clap::Parser as _;
 
+    /// `replay`'s arguments as a command of their own.
     #[derive(clap::Parser)]
-    struct Cli {
+    struct ReplayCli {
         #[command(flatten)]
         args: Args,
     }
 
     fn parse(argv: &[&str]) -> Result<Args, clap::Error> {
-        Cli::try_parse_from(std::iter::once("replay").chain(argv.iter().copied())).map(|c| c.args)
+        ReplayCli::try_parse_from(std::iter::once("replay").chain(argv.iter().copied()))
+            .map(|c| c.args)
     }
 
     #[test]

@@ -99,7 +99,7 @@ fn serialize_key<S: serde::Serializer>(
 ) -> std::result::Result<S::Ok, S::Error> {
     use serde::ser::SerializeStruct as _;
     let mut st = s.serialize_struct("DeviceKey", 2)?;
-    st.serialize_field("netns", &key.netns)?;
+    st.serialize_field("netns", &key.netns_inode)?;
     st.serialize_field("ifindex", &key.ifindex)?;
     st.end()
 }
@@ -287,7 +287,7 @@ impl Discovery {
                 if kind == DeviceKind::Other {
                     if link.kind.as_deref() == Some("macvlan") {
                         macvlans.push(DeviceKey {
-                            netns: ns.inode,
+                            netns_inode: ns.inode,
                             ifindex: link.ifindex,
                         });
                     }
@@ -300,7 +300,7 @@ impl Discovery {
                 };
                 devices.push(Device {
                     key: DeviceKey {
-                        netns: ns.inode,
+                        netns_inode: ns.inode,
                         ifindex: link.ifindex,
                     },
                     name: link.name,
@@ -373,8 +373,8 @@ impl Discovery {
     pub(crate) fn link_stats(&mut self, key: DeviceKey) -> Result<LinkStats> {
         let rtnl = self
             .sockets
-            .get_mut(&key.netns)
-            .ok_or_else(|| anyhow!("network namespace {} is not open", key.netns))?;
+            .get_mut(&key.netns_inode)
+            .ok_or_else(|| anyhow!("network namespace {} is not open", key.netns_inode))?;
         Ok(rtnl.link_by_index(key.ifindex)?.stats)
     }
 
@@ -430,7 +430,7 @@ fn attach_owners(devices: &mut [Device], holders: &[Holder]) {
         let own: Vec<usize> = candidates
             .iter()
             .copied()
-            .filter(|&i| Some(devices[i].key.netns) == holder.netns)
+            .filter(|&i| Some(devices[i].key.netns_inode) == holder.netns_inode)
             .collect();
         let chosen = if own.is_empty() { candidates } else { own };
         for i in chosen {
@@ -451,11 +451,14 @@ fn attach_owners(devices: &mut [Device], holders: &[Holder]) {
 mod tests {
     use super::*;
 
-    fn device(name: &str, netns: u32, kind: DeviceKind) -> Device {
+    fn device(name: &str, netns_inode: u32, kind: DeviceKind) -> Device {
         Device {
-            key: DeviceKey { netns, ifindex: 2 },
+            key: DeviceKey {
+                netns_inode,
+                ifindex: 2,
+            },
             name: name.to_owned(),
-            netns: format!("ns{netns}"),
+            netns: format!("ns{netns_inode}"),
             kind,
             queues: 1,
             active_queues: 1,
@@ -476,7 +479,7 @@ mod tests {
         let holder = Holder {
             pid: 7,
             comm: "qemu".into(),
-            netns: Some(2),
+            netns_inode: Some(2),
             iff: "tap0".into(),
             vm: None,
         };
@@ -494,7 +497,7 @@ mod tests {
 
         // A holder in a third namespace: ambiguous, both taps get it.
         let other = Holder {
-            netns: Some(9),
+            netns_inode: Some(9),
             ..holder
         };
         attach_owners(&mut devices, &[other]);
@@ -508,7 +511,7 @@ mod tests {
         let holder = |pid, vm: Option<&str>| Holder {
             pid,
             comm: format!("p{pid}"),
-            netns: Some(1),
+            netns_inode: Some(1),
             iff: "vnet0".into(),
             vm: vm.map(str::to_owned),
         };
@@ -596,7 +599,7 @@ mod privileged_tests {
         assert_eq!(
             found.key,
             DeviceKey {
-                netns: ns.inode(),
+                netns_inode: ns.inode(),
                 ifindex: tap.ifindex()
             }
         );

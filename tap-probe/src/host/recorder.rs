@@ -188,7 +188,7 @@ impl<W: Write> Recorder<W> {
         let mut by_slot = Vec::new();
         for (i, d) in header.devices.iter().enumerate() {
             let key = DeviceKey {
-                netns: d.netns,
+                netns_inode: d.netns,
                 ifindex: d.ifindex,
             };
             let (Some(base), Ok(device)) = (slots(key), u16::try_from(i)) else {
@@ -454,7 +454,7 @@ mod tests {
     fn recorder(cpus: &[u32]) -> Recorder<Vec<u8>> {
         Recorder::new(Vec::new(), &header(), cpus, |key| {
             (key == DeviceKey {
-                netns: 9,
+                netns_inode: 9,
                 ifindex: 4,
             })
             .then_some(u32::from(SLOT))

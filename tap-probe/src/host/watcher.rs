@@ -301,7 +301,7 @@ impl<H: Host> Tracker<H> {
         let current: HashMap<DeviceKey, Device> =
             matching.into_iter().map(|d| (d.key, d)).collect();
         let left_out: HashSet<DeviceKey> = left_out.into_iter().collect();
-        let read = |key: &DeviceKey| namespaces.get(&key.netns).copied().unwrap_or(false);
+        let read = |key: &DeviceKey| namespaces.get(&key.netns_inode).copied().unwrap_or(false);
         self.untracked.retain(|key, _| current.contains_key(key));
         let gone: Vec<DeviceKey> = self
             .devices
@@ -315,7 +315,8 @@ impl<H: Host> Tracker<H> {
         // The devices the filter leaves out: the programs skip them (and do not register
         // them at their first packet). Those gone are forgotten.
         for key in self.ignored.clone() {
-            if read(&key) && !left_out.contains(&key) || !namespaces.contains_key(&key.netns) {
+            if read(&key) && !left_out.contains(&key) || !namespaces.contains_key(&key.netns_inode)
+            {
                 self.forget(key);
             }
         }
@@ -338,7 +339,7 @@ impl<H: Host> Tracker<H> {
                     "a device (ifindex {} in namespace {}) came and went between two \
                      refreshes; its counts are not shown",
                     key.ifindex,
-                    key.netns
+                    key.netns_inode
                 );
                 self.forget(key);
             }
@@ -360,8 +361,8 @@ impl<H: Host> Tracker<H> {
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let since_birth = self.births_counted
                         && !self.seen.contains(&key)
-                        && (self.namespaces_read.contains(&key.netns)
-                            || !self.namespaces_listed.contains(&key.netns));
+                        && (self.namespaces_read.contains(&key.netns_inode)
+                            || !self.namespaces_listed.contains(&key.netns_inode));
                     match start_tracking(&mut self.host, key, &device, self.full, since_birth) {
                         Ok((baseline, after)) => {
                             if since_birth {
@@ -770,8 +771,8 @@ pub(crate) mod tests {
                 .collect();
             let namespaces = matching
                 .iter()
-                .map(|d| d.key.netns)
-                .chain(self.left_out.iter().map(|k| k.netns))
+                .map(|d| d.key.netns_inode)
+                .chain(self.left_out.iter().map(|k| k.netns_inode))
                 .chain([7])
                 .map(|ns| (ns, true))
                 .collect();
@@ -897,7 +898,10 @@ pub(crate) mod tests {
 
     pub(crate) fn device(ifindex: u32, name: &str, tx_packets: u64, tx_dropped: u64) -> Device {
         Device {
-            key: DeviceKey { netns: 7, ifindex },
+            key: DeviceKey {
+                netns_inode: 7,
+                ifindex,
+            },
             name: name.to_owned(),
             netns: "ns".to_owned(),
             kind: DeviceKind::Tap,
@@ -931,7 +935,7 @@ pub(crate) mod tests {
     }
 
     const TAP0: DeviceKey = DeviceKey {
-        netns: 7,
+        netns_inode: 7,
         ifindex: 3,
     };
 
@@ -1018,7 +1022,7 @@ pub(crate) mod tests {
     fn devices_left_out_are_skipped_and_forgotten_once_gone() {
         let mut t = tracker();
         let other = DeviceKey {
-            netns: 7,
+            netns_inode: 7,
             ifindex: 9,
         };
         t.host.left_out = vec![other];
@@ -1064,7 +1068,7 @@ pub(crate) mod tests {
     fn a_gone_device_is_reported_once_more_with_its_last_counters_then_forgotten() {
         let mut t = tracker();
         let key = DeviceKey {
-            netns: 7,
+            netns_inode: 7,
             ifindex: 3,
         };
         t.host.devices = vec![device(3, "tap0", 10, 0), device(4, "tap1", 0, 0)];
@@ -1097,7 +1101,7 @@ pub(crate) mod tests {
     fn queues_are_capped_and_shown_when_in_use_or_counting() {
         let mut t = tracker();
         let key = DeviceKey {
-            netns: 7,
+            netns_inode: 7,
             ifindex: 5,
         };
         // A multi-queue tap: 256 queues allocated, 2 attached.
@@ -1122,7 +1126,7 @@ pub(crate) mod tests {
     fn a_stopped_queue_shows_the_stop_still_running() {
         let mut t = tracker();
         let key = DeviceKey {
-            netns: 7,
+            netns_inode: 7,
             ifindex: 3,
         };
         t.host.devices = vec![device(3, "tap0", 0, 0)];
@@ -1157,7 +1161,7 @@ pub(crate) mod tests {
         t.host.devices = vec![device(3, "tap0", 5_000, 0)];
         *t.host.wire.get_mut() = Some(Wire {
             key: DeviceKey {
-                netns: 7,
+                netns_inode: 7,
                 ifindex: 3,
             },
             per_call,

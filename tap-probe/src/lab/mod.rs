@@ -40,7 +40,7 @@ pub use crate::os::tap::{Tap, TapOptions};
 /// What the kernel has loaded and attached, listed through bpf(2): the tests prove with it
 /// that a run left none of its programs behind.
 pub mod loaded {
-    pub use crate::bpf::loaded::{Link, Program, links, programs};
+    pub use crate::bpf::loaded::{BpfLink, Program, links, programs};
 }
 
 /// Whether this kernel's tun offers `IFF_BACKPRESSURE` (the fix as merged), as

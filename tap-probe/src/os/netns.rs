@@ -3,7 +3,7 @@
 //!
 //! A network namespace is identified across the whole host by the inode number of its nsfs
 //! file (`/proc/PID/ns/net`); the kernel's `net->ns.inum` is the same number, which is what
-//! the eBPF side records in [`tap_probe_common::DeviceKey::netns`].
+//! the eBPF side records in [`tap_probe_common::DeviceKey::netns_inode`].
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};

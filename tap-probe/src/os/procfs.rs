@@ -26,8 +26,8 @@ pub(crate) fn pids() -> Result<Vec<u32>> {
 pub(crate) struct Holder {
     pub(crate) pid: u32,
     pub(crate) comm: String,
-    /// The process's own network namespace.
-    pub(crate) netns: Option<u32>,
+    /// The inode of the process's own network namespace.
+    pub(crate) netns_inode: Option<u32>,
     /// Device name from the fd's `iff:` fdinfo line (`tun_chr_show_fdinfo`).
     pub(crate) iff: String,
     /// The VM the process runs, from its command line (QEMU's `-name`, libvirt's domain).
@@ -76,11 +76,11 @@ pub(crate) fn tun_holders() -> Vec<Holder> {
                         .and_then(|line| cmdline::vm_name(&line))
                 })
                 .clone();
-            let netns = netns::inode_of(Path::new(&format!("/proc/{pid}/ns/net"))).ok();
+            let netns_inode = netns::inode_of(Path::new(&format!("/proc/{pid}/ns/net"))).ok();
             holders.push(Holder {
                 pid,
                 comm,
-                netns,
+                netns_inode,
                 iff,
                 vm,
             });

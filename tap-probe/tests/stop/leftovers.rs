@@ -150,7 +150,7 @@ impl Held {
                 .into_iter()
                 .filter(|p| self.programs.contains(&p.id))
                 .collect();
-            let links: Vec<loaded::Link> = loaded::links()
+            let links: Vec<loaded::BpfLink> = loaded::links()
                 .expect("listing links (bpf(2))")
                 .into_iter()
                 .filter(|l| self.links.contains(&l.id) || self.programs.contains(&l.program))

@@ -53,15 +53,16 @@ const TRACEPOINTS: &[&str] = &[
     "qdisc_dequeue",
 ];
 
+/// How one check, attach trial or tracepoint went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-enum Status {
+enum CheckStatus {
     Ok,
     Failed,
     Skipped,
 }
 
-impl Status {
+impl CheckStatus {
     fn label(self) -> &'static str {
         match self {
             Self::Ok => "ok",
@@ -73,21 +74,21 @@ impl Status {
 
 #[derive(Debug, Serialize)]
 struct Check {
-    status: Status,
+    status: CheckStatus,
     detail: String,
 }
 
 impl Check {
     fn ok(detail: impl Into<String>) -> Self {
         Self {
-            status: Status::Ok,
+            status: CheckStatus::Ok,
             detail: detail.into(),
         }
     }
 
     fn failed(err: &anyhow::Error) -> Self {
         Self {
-            status: Status::Failed,
+            status: CheckStatus::Failed,
             detail: format!("{err:#}"),
         }
     }
@@ -150,7 +151,7 @@ struct Trial {
     kind: AttachKind,
     program: &'static str,
     target: &'static str,
-    status: Status,
+    status: CheckStatus,
     /// Which step failed: `object`, `load` or `attach`.
     #[serde(skip_serializing_if = "Option::is_none")]
     stage: Option<&'static str>,
@@ -161,7 +162,7 @@ struct Trial {
 /// What `watch --backend auto` attaches here: each counter's source, or why none works.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
-enum Backend {
+enum AutoBackend {
     Sources(Sources),
     Failed { error: String },
 }
@@ -180,7 +181,7 @@ struct Function {
 #[derive(Debug, Serialize)]
 struct Tracepoint {
     name: &'static str,
-    status: Status,
+    status: CheckStatus,
     /// `(name, C type)`, without the probe's leading `void *` context.
     args: Vec<Argument>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -248,8 +249,9 @@ struct Tun {
     ring_offsets: Check,
 }
 
+/// Everything `doctor` found, printed as a table or as JSON.
 #[derive(Debug, Serialize)]
-struct Report {
+struct Diagnosis {
     kernel_release: Check,
     btf: Check,
     tracefs: Check,
@@ -259,7 +261,7 @@ struct Report {
     attach: Vec<Trial>,
     /// Why `--backend` has no fentry value, whatever the fentry trial says.
     fentry_backend: &'static str,
-    backend: Backend,
+    backend: AutoBackend,
     kallsyms: Check,
     functions: Vec<Function>,
     tracepoints: Vec<Tracepoint>,
@@ -274,14 +276,14 @@ struct Report {
 /// # Errors
 /// Only when the report cannot be written; failed checks are part of the report.
 pub(crate) fn run(args: &Args) -> Result<()> {
-    let report = collect();
+    let diagnosis = collect();
     crate::output::stdout(&match args.format {
-        Format::Table => render_table(&report),
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Table => render_table(&diagnosis),
+        Format::Json => serde_json::to_string_pretty(&diagnosis)? + "\n",
     })
 }
 
-fn collect() -> Report {
+fn collect() -> Diagnosis {
     let kernel_release = match std::fs::read_to_string("/proc/sys/kernel/osrelease") {
         Ok(release) => Check::ok(release.trim()),
         Err(err) => Check::failed(&anyhow!(err).context("reading /proc/sys/kernel/osrelease")),
@@ -348,18 +350,18 @@ fn collect() -> Report {
                 crate::bpf::backend::Backend::Auto,
                 crate::bpf::probe::Counting::WATCH,
             ) {
-                Ok(probe) => Backend::Sources(probe.sources().clone()),
-                Err(err) => Backend::Failed {
+                Ok(probe) => AutoBackend::Sources(probe.sources().clone()),
+                Err(err) => AutoBackend::Failed {
                     error: format!("{err:#}"),
                 },
             }
         }
-        Err(_) => Backend::Failed {
+        Err(_) => AutoBackend::Failed {
             error: "no kernel facts".to_owned(),
         },
     };
 
-    Report {
+    Diagnosis {
         kernel_release,
         btf: btf_check,
         tracefs,
@@ -426,7 +428,7 @@ fn tracepoint(vmlinux: Option<&btf_rs::Btf>, name: &'static str) -> Tracepoint {
     let Some(vmlinux) = vmlinux else {
         return Tracepoint {
             name,
-            status: Status::Skipped,
+            status: CheckStatus::Skipped,
             args: Vec::new(),
             error: Some("no kernel BTF".to_owned()),
         };
@@ -434,7 +436,7 @@ fn tracepoint(vmlinux: Option<&btf_rs::Btf>, name: &'static str) -> Tracepoint {
     match btf::tracepoint_args(vmlinux, name) {
         Ok(args) => Tracepoint {
             name,
-            status: Status::Ok,
+            status: CheckStatus::Ok,
             args: args
                 .into_iter()
                 .map(|(name, r#type)| Argument { name, r#type })
@@ -443,7 +445,7 @@ fn tracepoint(vmlinux: Option<&btf_rs::Btf>, name: &'static str) -> Tracepoint {
         },
         Err(err) => Tracepoint {
             name,
-            status: Status::Failed,
+            status: CheckStatus::Failed,
             args: Vec::new(),
             error: Some(format!("{err:#}")),
         },

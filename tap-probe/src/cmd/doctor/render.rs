@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Backend, Check, Report, Status};
+use super::{AutoBackend, Check, CheckStatus, Diagnosis};
 use crate::kernel::TunBackpressure;
 use crate::output::table::Table;
 
@@ -34,7 +34,7 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-pub(super) fn render_table(r: &Report) -> String {
+pub(super) fn render_table(r: &Diagnosis) -> String {
     let mut out = String::new();
     let check_row = |name: &str, c: &Check| {
         vec![
@@ -116,7 +116,7 @@ pub(super) fn render_table(r: &Report) -> String {
     columns(&mut out, "  ", &rows);
     let _ = writeln!(out, "  fentry backend: {}", r.fentry_backend);
     match &r.backend {
-        Backend::Sources(sources) => {
+        AutoBackend::Sources(sources) => {
             let _ = writeln!(out, "\nwatch --backend auto attaches:");
             let rows: Vec<Vec<String>> = sources
                 .groups()
@@ -128,7 +128,7 @@ pub(super) fn render_table(r: &Report) -> String {
                 let _ = writeln!(out, "  not used: {note}");
             }
         }
-        Backend::Failed { error } => {
+        AutoBackend::Failed { error } => {
             let _ = writeln!(out, "\nwatch --backend auto: FAILED  {error}");
         }
     }
@@ -138,9 +138,9 @@ pub(super) fn render_table(r: &Report) -> String {
 }
 
 /// The kallsyms and BTF parts of the table.
-fn render_kallsyms(out: &mut String, r: &Report) {
+fn render_kallsyms(out: &mut String, r: &Diagnosis) {
     out.push_str("\nkernel functions (kallsyms)\n");
-    if r.kallsyms.status != Status::Ok {
+    if r.kallsyms.status != CheckStatus::Ok {
         out.push_str("  unavailable: see kallsyms above\n");
     }
     let rows: Vec<Vec<String>> = r
@@ -191,7 +191,7 @@ fn render_kallsyms(out: &mut String, r: &Report) {
     }
 
     out.push_str("\nreader ranges (kallsyms)\n");
-    if r.kallsyms.status != Status::Ok {
+    if r.kallsyms.status != CheckStatus::Ok {
         out.push_str("  unavailable: see kallsyms above\n");
     } else if r.reader_ranges.is_empty() {
         out.push_str("  none: no tun/tap read path in kallsyms (modules not loaded?)\n");

@@ -7,7 +7,7 @@ use aya::programs::{BtfTracePoint, FEntry, KProbe, Program, RawTracePoint, Trace
 
 use crate::bpf::object::Object;
 
-use super::{AttachKind, Check, Status, Trial};
+use super::{AttachKind, Check, CheckStatus, Trial};
 
 /// Runs every attach trial, or skips them all when the object is empty (`AYA_BUILD_SKIP`).
 pub(super) fn attach_trials(object: &[u8]) -> (Check, Vec<Trial>) {
@@ -19,13 +19,13 @@ pub(super) fn attach_trials(object: &[u8]) -> (Check, Vec<Trial>) {
                 kind,
                 program: kind.program(),
                 target: kind.target(),
-                status: Status::Skipped,
+                status: CheckStatus::Skipped,
                 stage: None,
                 error: Some(why.to_owned()),
             })
             .collect();
         let check = Check {
-            status: Status::Skipped,
+            status: CheckStatus::Skipped,
             detail: why.to_owned(),
         };
         return (check, trials);
@@ -64,8 +64,8 @@ fn error_text(err: &(dyn std::error::Error + 'static)) -> String {
 fn trial(kind: AttachKind, object: &[u8]) -> Trial {
     let outcome = try_trial(kind, object);
     let (status, stage, error) = match outcome {
-        Ok(()) => (Status::Ok, None, None),
-        Err((stage, error)) => (Status::Failed, Some(stage), Some(error)),
+        Ok(()) => (CheckStatus::Ok, None, None),
+        Err((stage, error)) => (CheckStatus::Failed, Some(stage), Some(error)),
     };
     Trial {
         kind,
