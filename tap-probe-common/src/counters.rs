@@ -2,8 +2,9 @@
 //! once, in the order the table, the JSON rows and the Prometheus families show them.
 //!
 //! A `counter` entry is a field of [`QueueCounters`], which the eBPF programs increment per
-//! CPU and the loader sums over CPUs (`AddAssign`). A `metric` entry is a value the loader
-//! computes: a state, a ratio of counters, or one of the device's own kernel statistics.
+//! CPU at its [`Hook`] and the loader sums over CPUs (`AddAssign`). A `metric` entry is a
+//! value the loader computes: a state, a ratio of counters, or one of the device's own kernel
+//! statistics. Each entry also declares its [`MetricId`], by which the code asks for it.
 //! Adding a plain per-queue counter takes an entry here and the increment on the eBPF side;
 //! the outputs, the CPU sum and the tests follow from [`METRICS`].
 
@@ -63,7 +64,12 @@ pub enum Requires {
 pub enum Source {
     /// A field of [`QueueCounters`], counted per CPU by the eBPF programs and summed over
     /// CPUs by the loader.
-    Programs(fn(&QueueCounters) -> u64),
+    Programs {
+        /// The hook that counts it.
+        hook: Hook,
+        /// Reads the field.
+        get: fn(&QueueCounters) -> u64,
+    },
     /// Computed from the queue's counters; `None` where undefined.
     Counters(fn(&QueueCounters) -> Option<f64>),
     /// Whether the queue is stopped as last observed (`QUEUE_STATE`).
@@ -84,6 +90,26 @@ pub enum Source {
     /// tap-probe attached. Otherwise tracking began mid-life, and the kernel's statistics
     /// at that moment are the row's `kernel.*_at_start`.
     FromBirth,
+}
+
+/// Where the programs count a counter. The counters of one hook are fed by the same kernel
+/// events, so a backend chooses one source for all of them, and the trace header names that
+/// source's kind of hook for each counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// The driver call (`ndo_start_xmit`); the flows' order is read at its start and counted
+    /// at its end.
+    Xmit,
+    /// Frees inside the driver (`skb:kfree_skb`), the only source of the drop reason.
+    Drops,
+    /// Reader takes (`consume_skb` from the read path).
+    Consumed,
+    /// The queue's `DRV_XOFF` bit, read where it changes or shows.
+    QueueState,
+    /// Packets the qdisc put back while the queue was stopped (`sch_direct_xmit`).
+    Requeues,
+    /// Who woke the queue (`netif_tx_wake_queue` and its caller).
+    Wakes,
 }
 
 /// The device statistics (`IFLA_STATS64`) tap-probe compares its counters with.
@@ -108,6 +134,8 @@ pub enum KernelStat {
 /// One value of a row.
 #[derive(Clone, Copy, Debug)]
 pub struct Metric {
+    /// Its entry in the table: `METRICS[id as usize]` is this entry.
+    pub id: MetricId,
     /// The JSON field of a row; a dot nests it in an object (`kernel.tx_packets`).
     pub name: &'static str,
     /// One line, for Prometheus' `# HELP`.
@@ -125,11 +153,14 @@ pub struct Metric {
     pub event: Option<EventKind>,
 }
 
-/// Declares [`QueueCounters`], its CPU sum and [`METRICS`] from one list of entries.
+/// Declares [`QueueCounters`], its CPU sum, [`MetricId`] and [`METRICS`] from one list of
+/// entries: `counter field as Id { hook, unit, .. }` for a field the programs count,
+/// `metric Id { name, help, .. }` for a value the loader computes.
 macro_rules! queue_metrics {
-    (@munch [$($def:tt)*] [$($field:ident)*] [$($metric:tt)*]
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($id:tt)*] [$($metric:tt)*]
         $(#[doc = $doc:literal])*
-        counter $name:ident {
+        counter $name:ident as $variant:ident {
+            hook: $hook:ident,
             unit: $unit:ident,
             $(event: $event:ident,)?
             $(requires: $requires:ident,)?
@@ -142,12 +173,14 @@ macro_rules! queue_metrics {
         queue_metrics!(@munch
             [$($def)* $(#[doc = $doc])* pub $name: u64,]
             [$($field)* $name]
+            [$($id)* $(#[doc = $doc])* $variant,]
             [$($metric)* Metric {
+                id: MetricId::$variant,
                 name: stringify!($name),
                 help: $help,
                 kind: Kind::Counter,
                 unit: Unit::$unit,
-                source: Source::Programs(|c| c.$name),
+                source: Source::Programs { hook: Hook::$hook, get: |c| c.$name },
                 requires: queue_metrics!(@requires $($requires)?),
                 column: Some($column),
                 prometheus: Some($prometheus),
@@ -156,18 +189,20 @@ macro_rules! queue_metrics {
             $($rest)*
         );
     };
-    (@munch [$($def:tt)*] [$($field:ident)*] [$($metric:tt)*]
-        metric { $($body:tt)* }
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($id:tt)*] [$($metric:tt)*]
+        metric $variant:ident { name: $name:literal, help: $help:literal, $($body:tt)* }
         $($rest:tt)*
     ) => {
         queue_metrics!(@munch
             [$($def)*]
             [$($field)*]
-            [$($metric)* Metric { $($body)* },]
+            // Its help is for Prometheus, plain text, so the id's documentation names it.
+            [$($id)* #[doc = concat!("The value `", $name, "`.")] $variant,]
+            [$($metric)* Metric { id: MetricId::$variant, name: $name, help: $help, $($body)* },]
             $($rest)*
         );
     };
-    (@munch [$($def:tt)*] [$($field:ident)*] [$($metric:tt)*]) => {
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($id:tt)*] [$($metric:tt)*]) => {
         /// Counters of one transmit queue of one device: per CPU in the `COUNTERS` map, summed
         /// over CPUs by the loader. Generated from the counter table in `counters.rs`.
         #[repr(C)]
@@ -183,6 +218,13 @@ macro_rules! queue_metrics {
             }
         }
 
+        /// A value of a row, named in code: a misspelt one does not compile, where a name
+        /// would be looked up at run time. In the table's order, which [`METRICS`] follows.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum MetricId {
+            $($id)*
+        }
+
         /// Every value of a row, in display order.
         pub const METRICS: &[Metric] = &[$($metric)*];
     };
@@ -191,20 +233,22 @@ macro_rules! queue_metrics {
     (@event) => { None };
     (@event $event:ident) => { Some(EventKind::$event) };
     ($($entries:tt)*) => {
-        queue_metrics!(@munch [] [] [] $($entries)*);
+        queue_metrics!(@munch [] [] [] [] $($entries)*);
     };
 }
 
 queue_metrics! {
     /// Calls into the driver's `ndo_start_xmit` (every `net:net_dev_xmit`).
-    counter xmit_calls {
+    counter xmit_calls as XmitCalls {
+        hook: Xmit,
         unit: Packets,
         column: "XMIT",
         prometheus: "xmit_calls_total",
         help: "Calls into the driver's ndo_start_xmit.",
     }
     /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
-    counter enqueued {
+    counter enqueued as Enqueued {
+        hook: Xmit,
         unit: Packets,
         event: Enqueued,
         column: "ENQUEUED",
@@ -212,7 +256,8 @@ queue_metrics! {
         help: "Packets the driver took into its ring.",
     }
     /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
-    counter busy {
+    counter busy as Busy {
+        hook: Xmit,
         unit: Packets,
         event: Busy,
         column: "BUSY",
@@ -223,14 +268,16 @@ queue_metrics! {
     /// without a driver call, because the queue was stopped: dequeued while stopped, the
     /// first packet after a stop that took the empty qdisc's bypass, or the rest of a bulk
     /// dequeue behind a stop. With `busy`, every requeue the qdisc counts.
-    counter requeued_stopped {
+    counter requeued_stopped as RequeuedStopped {
+        hook: Requeues,
         unit: Packets,
         column: "REQ_STOP",
         prometheus: "requeued_stopped_total",
         help: "Packets the qdisc put back without a driver call because the queue was stopped.",
     }
     /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
-    counter dropped_full_ring {
+    counter dropped_full_ring as DroppedFullRing {
+        hook: Drops,
         unit: Packets,
         event: DroppedFullRing,
         column: "FULL_RING",
@@ -239,7 +286,8 @@ queue_metrics! {
     }
     /// Freed inside the driver for any other reason (broken down in `DROP_REASONS`), or a
     /// driver return code that is neither OK nor BUSY.
-    counter dropped_other {
+    counter dropped_other as DroppedOther {
+        hook: Drops,
         unit: Packets,
         event: DroppedOther,
         column: "OTHER",
@@ -250,7 +298,8 @@ queue_metrics! {
     /// SYN/FIN) whose IPv4 ID is below the next one its flow would hand over in order, or one
     /// of the project's sequence-numbered UDP frames below its flow's next sequence number
     /// (RFC 4737's "reordered"). A retransmission takes a fresh ID, so it is not counted.
-    counter reordered {
+    counter reordered as Reordered {
+        hook: Xmit,
         unit: Packets,
         requires: Flows,
         column: "REORDERED",
@@ -261,7 +310,8 @@ queue_metrics! {
     /// frame numbered 0): forgotten to make room in its bounded flow table (an LRU of
     /// `MAX_FLOWS`), or begun before the device was tracked. What came late across that gap
     /// is not counted.
-    counter flows_joined {
+    counter flows_joined as FlowsJoined {
+        hook: Xmit,
         unit: Events,
         requires: Flows,
         column: "FLOWS_JOINED",
@@ -270,7 +320,8 @@ queue_metrics! {
     }
     /// Packets the reader copied out of the ring and released (`consume_skb` from the
     /// tun/tap read path).
-    counter consumed {
+    counter consumed as Consumed {
+        hook: Consumed,
         unit: Packets,
         event: Consumed,
         column: "CONSUMED",
@@ -278,7 +329,8 @@ queue_metrics! {
         help: "Packets the reader took out of the ring.",
     }
     /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to set, as observed.
-    counter queue_stops {
+    counter queue_stops as QueueStops {
+        hook: QueueState,
         unit: Events,
         event: QueueStop,
         column: "STOPS",
@@ -286,7 +338,8 @@ queue_metrics! {
         help: "Transitions of the queue to stopped (DRV_XOFF set).",
     }
     /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to clear, as observed.
-    counter queue_wakes {
+    counter queue_wakes as QueueWakes {
+        hook: QueueState,
         unit: Events,
         event: QueueWake,
         column: "WAKES",
@@ -295,7 +348,8 @@ queue_metrics! {
     }
     /// Wakes by the queue's reader as it took packets: tun's `__tun_wake_queue` from the
     /// read path, veth's NAPI poll of the peer.
-    counter wakes_reader {
+    counter wakes_reader as WakesReader {
+        hook: Wakes,
         unit: Events,
         requires: WakeSources,
         column: "W_READER",
@@ -303,7 +357,8 @@ queue_metrics! {
         help: "Queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).",
     }
     /// Wakes by vhost-net after a batched take from the ring (`tun_wake_queue`).
-    counter wakes_vhost {
+    counter wakes_vhost as WakesVhost {
+        hook: Wakes,
         unit: Events,
         requires: WakeSources,
         column: "W_VHOST",
@@ -312,7 +367,8 @@ queue_metrics! {
     }
     /// Wakes that do not depend on the ring: a queue attached, the device reconfigured,
     /// the ring resized (`tun_force_wake_queue`).
-    counter wakes_forced {
+    counter wakes_forced as WakesForced {
+        hook: Wakes,
         unit: Events,
         requires: WakeSources,
         column: "W_FORCED",
@@ -320,7 +376,8 @@ queue_metrics! {
         help: "Queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).",
     }
     /// Wakes of a stopped queue from any other caller of `netif_tx_wake_queue`.
-    counter wakes_other {
+    counter wakes_other as WakesOther {
+        hook: Wakes,
         unit: Events,
         requires: WakeSources,
         column: "W_OTHER",
@@ -331,7 +388,8 @@ queue_metrics! {
     /// made room between the stop and the re-check, so the driver woke the queue again
     /// before returning. Stop and wake fall within one driver call, so neither shows in
     /// `queue_stops` and `queue_wakes`.
-    counter wakes_recheck {
+    counter wakes_recheck as WakesRecheck {
+        hook: Wakes,
         unit: Events,
         requires: WakeSources,
         column: "W_RECHECK",
@@ -340,13 +398,14 @@ queue_metrics! {
     }
     /// Nanoseconds spent stopped, summed over completed stop..wake intervals (the loader
     /// adds a stop still running when it shows the value).
-    counter stopped_ns {
+    counter stopped_ns as StoppedNs {
+        hook: QueueState,
         unit: Nanoseconds,
         column: "STOPPED",
         prometheus: "stopped_seconds_total",
         help: "Time the queue spent stopped, including a stop still running.",
     }
-    metric {
+    metric Stopped {
         name: "stopped",
         help: "1 while the queue is stopped, as last observed.",
         kind: Kind::Gauge,
@@ -357,7 +416,7 @@ queue_metrics! {
         prometheus: Some("queue_stopped"),
         event: None,
     }
-    metric {
+    metric Stuck {
         name: "stuck",
         help: "1 while the queue is stopped and its reader took nothing for longer than --stuck-after.",
         kind: Kind::Gauge,
@@ -372,13 +431,14 @@ queue_metrics! {
     /// reader thread's voluntary context switches (`task_struct.nvcsw`) from one take to the
     /// next. Each is a read that found the ring empty and waited, ended by one wake-up, so
     /// `reader_sleeps / consumed` is the wake-ups per packet delivered.
-    counter reader_sleeps {
+    counter reader_sleeps as ReaderSleeps {
+        hook: Consumed,
         unit: Events,
         column: "SLEEPS",
         prometheus: "reader_sleeps_total",
         help: "Times the queue's reader slept between two packets it took.",
     }
-    metric {
+    metric WakeupsPerPacket {
         name: "wakeups_per_packet",
         help: "Wake-ups of the queue's reader per packet it took (reader_sleeps / consumed).",
         kind: Kind::Derived,
@@ -389,7 +449,7 @@ queue_metrics! {
         prometheus: None,
         event: None,
     }
-    metric {
+    metric RingOccupancy {
         name: "ring_occupancy",
         help: "Entries in the tap's ptr_ring, sampled at every driver call and reader take.",
         kind: Kind::Distribution,
@@ -400,7 +460,7 @@ queue_metrics! {
         prometheus: Some("ring_occupancy"),
         event: None,
     }
-    metric {
+    metric Backpressure {
         name: "backpressure",
         help: "1 when the tap stops its queue instead of tail-dropping (IFF_BACKPRESSURE).",
         kind: Kind::Gauge,
@@ -411,7 +471,7 @@ queue_metrics! {
         prometheus: Some("backpressure"),
         event: None,
     }
-    metric {
+    metric KernelTxPackets {
         name: "kernel.tx_packets",
         help: "The device's own tx_packets since tracking began (per device, on every queue).",
         kind: Kind::Counter,
@@ -422,7 +482,7 @@ queue_metrics! {
         prometheus: Some("kernel_tx_packets_total"),
         event: None,
     }
-    metric {
+    metric KernelTxDropped {
         name: "kernel.tx_dropped",
         help: "The device's own tx_dropped since tracking began (per device, on every queue).",
         kind: Kind::Counter,
@@ -433,7 +493,7 @@ queue_metrics! {
         prometheus: Some("kernel_tx_dropped_total"),
         event: None,
     }
-    metric {
+    metric FromBirth {
         name: "from_birth",
         help: "1 when the device is counted since its first packet (created after tap-probe attached); 0 when tracking began mid-life.",
         kind: Kind::Gauge,
@@ -444,7 +504,7 @@ queue_metrics! {
         prometheus: Some("tracked_from_birth"),
         event: None,
     }
-    metric {
+    metric KernelTxPacketsAtStart {
         name: "kernel.tx_packets_at_start",
         help: "The device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).",
         kind: Kind::Gauge,
@@ -455,7 +515,7 @@ queue_metrics! {
         prometheus: Some("kernel_tx_packets_at_start"),
         event: None,
     }
-    metric {
+    metric KernelTxDroppedAtStart {
         name: "kernel.tx_dropped_at_start",
         help: "The device's own tx_dropped when tracking began (0 from birth).",
         kind: Kind::Gauge,
@@ -466,7 +526,7 @@ queue_metrics! {
         prometheus: Some("kernel_tx_dropped_at_start"),
         event: None,
     }
-    metric {
+    metric KernelSkew {
         name: "kernel.skew",
         help: "Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).",
         kind: Kind::Gauge,
@@ -482,6 +542,14 @@ queue_metrics! {
 #[expect(clippy::cast_precision_loss, reason = "a ratio for display")]
 fn wakeups_per_packet(c: &QueueCounters) -> Option<f64> {
     (c.consumed > 0).then(|| c.reader_sleeps as f64 / c.consumed as f64)
+}
+
+impl MetricId {
+    /// Its entry in [`METRICS`].
+    #[must_use]
+    pub const fn metric(self) -> &'static Metric {
+        &METRICS[self as usize]
+    }
 }
 
 impl EventKind {
@@ -501,7 +569,7 @@ mod tests {
         let fields: Vec<fn(&QueueCounters) -> u64> = METRICS
             .iter()
             .filter_map(|m| match m.source {
-                Source::Programs(get) => Some(get),
+                Source::Programs { get, .. } => Some(get),
                 _ => None,
             })
             .collect();
@@ -535,6 +603,16 @@ mod tests {
             fields.len(),
             "each descriptor reads its own field"
         );
+    }
+
+    /// `MetricId::metric` indexes the table by the id's discriminant, which holds as long
+    /// as the macro declares both in the same order.
+    #[test]
+    fn each_id_is_the_index_of_its_entry() {
+        for (i, m) in METRICS.iter().enumerate() {
+            assert_eq!(m.id as usize, i, "{}", m.name);
+            assert_eq!(m.id.metric().name, m.name);
+        }
     }
 
     #[test]

@@ -12,7 +12,9 @@ mod facts;
 mod maps;
 mod names;
 
-pub use counters::{KernelStat, Kind, METRICS, Metric, QueueCounters, Requires, Source, Unit};
+pub use counters::{
+    Hook, KernelStat, Kind, METRICS, Metric, MetricId, QueueCounters, Requires, Source, Unit,
+};
 pub use events::{
     EVENTS_PER_WAKEUP, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES,
     EventKind, TraceEvent,

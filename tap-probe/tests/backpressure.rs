@@ -15,6 +15,7 @@ use tap_probe::lab::SlowConsumer;
 use tap_probe::lab::run_in;
 use tap_probe::lab::{self, SenderConfig};
 use tap_probe::lab::{QdiscStats, RootQdisc, Rtnl, Value};
+use tap_probe_common::MetricId;
 
 use common::{Gate, Oracle};
 
@@ -189,7 +190,11 @@ fn veth_with_slow_peer(queues: u32) {
             gate.same(c.wakes_recheck, 0, "veth has no re-check");
         }
         // A veth has no tap ring, nor the tap's flag.
-        assert_eq!(row.value(ring_occupancy()), Value::Missing, "{backend:?}");
+        assert_eq!(
+            row.value(MetricId::RingOccupancy.metric()),
+            Value::Missing,
+            "{backend:?}"
+        );
         assert_eq!(row.backpressure, None, "{backend:?}");
         rows.push((row.queue, *backend, row));
     }
@@ -212,13 +217,6 @@ fn total(rows: &[tap_probe::lab::Row]) -> tap_probe_common::QueueCounters {
         sum += row.counters;
     }
     sum
-}
-
-fn ring_occupancy() -> &'static tap_probe_common::Metric {
-    tap_probe_common::METRICS
-        .iter()
-        .find(|m| m.name == "ring_occupancy")
-        .unwrap()
 }
 
 /// Waits (at most 10 s) until the qdisc is empty, i.e. the peer took everything.

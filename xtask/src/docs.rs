@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
-use tap_probe_common::{KernelStat, Kind, METRICS, Metric, Requires, Source, Unit};
+use tap_probe_common::{Hook, KernelStat, Kind, METRICS, Metric, Requires, Source, Unit};
 
 use crate::cmd;
 
@@ -164,7 +164,14 @@ fn unit(unit: Unit) -> &'static str {
 
 fn source(source: Source) -> &'static str {
     match source {
-        Source::Programs(_) => "the eBPF programs, per CPU",
+        Source::Programs { hook, .. } => match hook {
+            Hook::Xmit => "the eBPF programs on driver calls, per CPU",
+            Hook::Drops => "the eBPF programs on drops in the driver, per CPU",
+            Hook::Consumed => "the eBPF programs on reader takes, per CPU",
+            Hook::QueueState => "the eBPF programs on the queue state, per CPU",
+            Hook::Requeues => "the eBPF programs on requeues while stopped, per CPU",
+            Hook::Wakes => "the eBPF programs on wakes, by caller, per CPU",
+        },
         Source::Counters(_) => "computed from the counters",
         Source::QueueState => "the queue state the programs keep",
         Source::Stuck => "judged at each refresh",

@@ -28,7 +28,7 @@ use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf};
 use serde::Serialize;
 use tap_probe_common::{
-    MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DIRECT_XMIT_ENTRY,
+    Hook, MAP_SETTINGS, METRICS, PROG_CONSUME_ENTRY, PROG_CONSUME_SKB, PROG_DIRECT_XMIT_ENTRY,
     PROG_DIRECT_XMIT_RETURN, PROG_KFREE_SKB, PROG_QDISC_DEQUEUE, PROG_START_XMIT, PROG_WAKE_ENTRY,
     PROG_XMIT, PROG_XMIT_ENTRY, PROG_XMIT_RETURN, Requires, SETTING_DEQUEUE_PAIRS,
     SETTING_WAKE_EVENTS, Source,
@@ -149,34 +149,6 @@ pub(crate) enum Consume {
     Kprobe,
     /// The `skb:consume_skb` tracepoint and its `location` argument.
     Tracepoint,
-}
-
-/// The groups of counters that share their sources.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Group {
-    Xmit,
-    Drops,
-    Consumed,
-    QueueState,
-    Requeues,
-    Wakes,
-}
-
-/// The group of a counter of the counter table (`tap_probe_common::METRICS`); a test checks
-/// that every counter the programs count has one.
-fn group_of(counter: &str) -> Option<Group> {
-    Some(match counter {
-        // The order is read at the driver call's start and counted at its end.
-        "xmit_calls" | "enqueued" | "busy" | "reordered" | "flows_joined" => Group::Xmit,
-        "dropped_full_ring" | "dropped_other" => Group::Drops,
-        "consumed" | "reader_sleeps" => Group::Consumed,
-        "queue_stops" | "queue_wakes" | "stopped_ns" => Group::QueueState,
-        "requeued_stopped" => Group::Requeues,
-        "wakes_reader" | "wakes_vhost" | "wakes_forced" | "wakes_other" | "wakes_recheck" => {
-            Group::Wakes
-        }
-        _ => return None,
-    })
 }
 
 /// Drops: the only source of the drop reason.
@@ -328,19 +300,20 @@ impl Sources {
         };
         METRICS
             .iter()
-            .filter(|m| matches!(m.source, Source::Programs(_)))
-            .map(|m| {
-                let hook = match group_of(m.name) {
-                    Some(Group::Xmit) if m.requires == Requires::Flows && !self.flows => "none",
-                    Some(Group::Xmit) => xmit,
-                    Some(Group::Drops) => "tracepoint",
-                    Some(Group::Consumed) => consumed,
-                    Some(Group::QueueState) => queue_state,
-                    Some(Group::Requeues) => requeues,
-                    Some(Group::Wakes) => wakes,
-                    None => "unknown",
+            .filter_map(|m| {
+                let Source::Programs { hook, .. } = m.source else {
+                    return None;
                 };
-                (m.name, hook)
+                let kind = match hook {
+                    Hook::Xmit if m.requires == Requires::Flows && !self.flows => "none",
+                    Hook::Xmit => xmit,
+                    Hook::Drops => "tracepoint",
+                    Hook::Consumed => consumed,
+                    Hook::QueueState => queue_state,
+                    Hook::Requeues => requeues,
+                    Hook::Wakes => wakes,
+                };
+                Some((m.name, kind))
             })
             .collect()
     }
@@ -699,19 +672,5 @@ mod tests {
             wakes.to_string(),
             "kprobe netif_tx_wake_queue, by caller: __tun_wake_queue (reader)"
         );
-    }
-
-    /// Every counter the programs count is in a group, so the trace header names its hook.
-    #[test]
-    fn every_counter_has_a_group() {
-        for metric in METRICS {
-            if matches!(metric.source, Source::Programs(_)) {
-                assert!(
-                    group_of(metric.name).is_some(),
-                    "{} has no group",
-                    metric.name
-                );
-            }
-        }
     }
 }

@@ -30,7 +30,7 @@ const PACKETS_ONLY_LIMIT: Duration = Duration::from_mins(10);
 pub(crate) fn known_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = METRICS
         .iter()
-        .filter(|metric| matches!(metric.source, Source::Programs(_) | Source::QueueState))
+        .filter(|metric| matches!(metric.source, Source::Programs { .. } | Source::QueueState))
         .map(|metric| metric.name)
         .collect();
     names.extend(load_numbers(&LoadReport::default()).map(|(name, _)| name));
@@ -136,7 +136,7 @@ pub(crate) fn run(
     for row in &watch.rows {
         for metric in METRICS {
             match (metric.source, row.value(metric)) {
-                (Source::Programs(_), Value::Count(n)) => measured.add_count(metric.name, n),
+                (Source::Programs { .. }, Value::Count(n)) => measured.add_count(metric.name, n),
                 (Source::QueueState, Value::Flag(on)) => {
                     measured.add_count(metric.name, u64::from(on));
                 }

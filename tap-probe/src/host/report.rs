@@ -109,7 +109,7 @@ impl Row {
             return Value::Missing;
         }
         match metric.source {
-            Source::Programs(get) => Value::Count(get(&self.counters)),
+            Source::Programs { get, .. } => Value::Count(get(&self.counters)),
             Source::Counters(compute) => Value::Ratio(compute(&self.counters)),
             Source::QueueState => Value::Flag(self.stopped),
             Source::Stuck => Value::Flag(self.stuck),

@@ -1,9 +1,9 @@
 //! The columns of the compact table and of the full-screen view: a closed set, each named
-//! for `--columns`, with the metrics it reads (by name, from the counter table), a header
+//! for `--columns`, with the metrics it reads (by their ids in the counter table), a header
 //! and a shorter one, what it means (the legend), and how long it stays when the window is
 //! narrow.
 
-use crate::output::lines::metric;
+use tap_probe_common::MetricId;
 
 /// What a column shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,12 +14,12 @@ pub(crate) enum What {
     Queue,
     Owner,
     /// A counter, as a rate per second (as a total in the final summary).
-    Rate(&'static str),
-    /// Stopped now, or the share of the time stopped (`stopped`, `stopped_ns`; `stuck` where
-    /// the counter table has it).
+    Rate(MetricId),
+    /// Stuck, stopped now, or the share of the time stopped (`stuck`, `stopped`,
+    /// `stopped_ns`).
     Stopped,
     /// A value shown as it is: a state or a gauge.
-    State(&'static str),
+    State(MetricId),
 }
 
 /// One column.
@@ -77,7 +77,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "delivered",
         header: "DELIVERED",
         short: "DELIV",
-        what: What::Rate("consumed"),
+        what: What::Rate(MetricId::Consumed),
         help: "packets the reader (the VM) took out of the ring",
         keep: KEEP,
         default: true,
@@ -86,7 +86,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "ring-drops",
         header: "RING_DROPS",
         short: "RDROP",
-        what: What::Rate("dropped_full_ring"),
+        what: What::Rate(MetricId::DroppedFullRing),
         help: "packets dropped because the ring was full (tail-drop)",
         keep: KEEP,
         default: true,
@@ -95,7 +95,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "busy",
         header: "BUSY",
         short: "BUSY",
-        what: What::Rate("busy"),
+        what: What::Rate(MetricId::Busy),
         help: "NETDEV_TX_BUSY returns: packets handed back to the qdisc",
         keep: 8,
         default: true,
@@ -105,7 +105,8 @@ pub(crate) const COLUMNS: &[Column] = &[
         header: "STOPPED",
         short: "STOP",
         what: What::Stopped,
-        help: "share of the time the queue was stopped (backpressure); \"now\" while it is",
+        help: "share of the time the queue was stopped (backpressure); \"now\" while it is; \
+               \"STUCK\" when stopped with no reader take for too long",
         keep: 7,
         default: true,
     },
@@ -113,7 +114,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "backpressure",
         header: "BACKPRESSURE",
         short: "BP",
-        what: What::State("backpressure"),
+        what: What::State(MetricId::Backpressure),
         help: "the tap stops its queue instead of dropping when the ring is full \
                (IFF_BACKPRESSURE)",
         keep: 6,
@@ -123,7 +124,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "occupancy",
         header: "OCCUPANCY",
         short: "OCC",
-        what: What::State("ring_occupancy"),
+        what: What::State(MetricId::RingOccupancy),
         help: "entries in the tap's ring",
         keep: 5,
         default: false,
@@ -132,7 +133,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "xmit",
         header: "XMIT",
         short: "XMIT",
-        what: What::Rate("xmit_calls"),
+        what: What::Rate(MetricId::XmitCalls),
         help: "calls into the driver's transmit function",
         keep: 1,
         default: false,
@@ -141,7 +142,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "other-drops",
         header: "OTHER_DROPS",
         short: "ODROP",
-        what: What::Rate("dropped_other"),
+        what: What::Rate(MetricId::DroppedOther),
         help: "packets the driver dropped for another reason (reasons below the table)",
         keep: 1,
         default: false,
@@ -150,7 +151,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         name: "sleeps",
         header: "SLEEPS",
         short: "SLP",
-        what: What::Rate("reader_sleeps"),
+        what: What::Rate(MetricId::ReaderSleeps),
         help: "times the reader slept between two packets (each ended by a wake-up)",
         keep: 1,
         default: false,
@@ -176,28 +177,6 @@ pub(crate) const COLUMNS: &[Column] = &[
 ];
 
 impl Column {
-    /// Whether the counter table has what this column reads.
-    #[must_use]
-    pub(crate) fn available(&self) -> bool {
-        match self.what {
-            What::Rate(name) | What::State(name) => metric(name).is_some(),
-            What::Stopped => metric("stopped").is_some() && metric("stopped_ns").is_some(),
-            What::Device | What::Netns | What::Kind | What::Queue | What::Owner => true,
-        }
-    }
-
-    /// Its line in the legend: what it means, with what the counter table adds.
-    #[must_use]
-    pub(crate) fn help(&self) -> String {
-        match self.what {
-            What::Stopped if metric("stuck").is_some() => format!(
-                "{}; \"STUCK\" when stopped with no reader take for too long",
-                self.help
-            ),
-            _ => self.help.to_owned(),
-        }
-    }
-
     /// Its header: rates say so, except in the final summary, which shows totals.
     #[must_use]
     pub(crate) fn header(&self, short: bool, rates: bool) -> String {
@@ -209,33 +188,23 @@ impl Column {
     }
 }
 
-/// The columns shown when `--columns` is not given: the default ones this counter table
-/// has.
+/// The columns shown when `--columns` is not given.
 #[must_use]
 pub(crate) fn defaults() -> Vec<&'static Column> {
-    COLUMNS
-        .iter()
-        .filter(|c| c.default && c.available())
-        .collect()
-}
-
-/// The columns on offer: those whose metrics exist.
-#[must_use]
-pub(crate) fn offered() -> Vec<&'static Column> {
-    COLUMNS.iter().filter(|c| c.available()).collect()
+    COLUMNS.iter().filter(|c| c.default).collect()
 }
 
 /// The columns `--columns` chose, in their order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Chosen(pub(crate) Vec<&'static Column>);
 
-/// `--columns LIST`: comma-separated names from [`offered`], in the order to show them.
+/// `--columns LIST`: comma-separated names from [`COLUMNS`], in the order to show them.
 ///
 /// # Errors
 /// An unknown or repeated name, or an empty list, with the names on offer.
 pub(crate) fn parse(list: &str) -> Result<Chosen, String> {
     let valid = || {
-        offered()
+        COLUMNS
             .iter()
             .map(|c| c.name)
             .collect::<Vec<_>>()
@@ -243,14 +212,9 @@ pub(crate) fn parse(list: &str) -> Result<Chosen, String> {
     };
     let mut chosen: Vec<&'static Column> = Vec::new();
     for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let Some(column) = offered().into_iter().find(|c| c.name == name) else {
-            let hint = if COLUMNS.iter().any(|c| c.name == name) {
-                " (this build's counters have no value for it)"
-            } else {
-                ""
-            };
+        let Some(column) = COLUMNS.iter().find(|c| c.name == name) else {
             return Err(format!(
-                "unknown column {name:?}{hint}; valid columns: {}",
+                "unknown column {name:?}; valid columns: {}",
                 valid()
             ));
         };
@@ -288,16 +252,6 @@ mod tests {
             .map(|c| c.name)
             .collect();
         assert_eq!(kept, ["device", "delivered", "ring-drops"]);
-    }
-
-    #[test]
-    fn a_column_is_offered_only_when_its_metric_exists() {
-        for c in COLUMNS {
-            if let What::Rate(name) | What::State(name) = c.what {
-                assert_eq!(offered().contains(&c), metric(name).is_some(), "{}", c.name);
-            }
-        }
-        assert!(offered().iter().any(|c| c.name == "delivered"));
     }
 
     #[test]

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use tap_probe_common::{Metric, Unit};
+use tap_probe_common::{Metric, MetricId, Unit};
 
 use crate::host::report::{Report, Value};
 use crate::output::columns::{Column, KEEP, What};
-use crate::output::lines::{Line, LineId, lines, metric};
+use crate::output::lines::{Line, LineId, lines};
 use crate::output::table::count;
 
 /// What the numbers are: rates since the refresh before, or totals since tracking began
@@ -293,14 +293,9 @@ impl Ctx<'_, '_> {
                 Some(q) => (q.to_string(), Key::Number(f64::from(q))),
                 None => ("all".to_owned(), Key::Number(-1.0)),
             },
-            What::Rate(name) => {
-                metric(name).map_or_else(|| ("?".to_owned(), Key::Number(0.0)), |m| self.rate(m))
-            }
+            What::Rate(id) => self.rate(id.metric()),
             What::Stopped => self.stopped(),
-            What::State(name) => metric(name).map_or_else(
-                || ("?".to_owned(), Key::Number(0.0)),
-                |m| plain(m, self.line.value(m)),
-            ),
+            What::State(id) => plain(id.metric(), self.line.value(id.metric())),
         }
     }
 
@@ -333,18 +328,14 @@ impl Ctx<'_, '_> {
     /// line's queues spent stopped.
     #[expect(clippy::cast_precision_loss, reason = "a share of time for display")]
     fn stopped(&self) -> (String, Key) {
-        let flag =
-            |name| metric(name).is_some_and(|m| matches!(self.line.value(m), Value::Flag(true)));
-        if flag("stuck") {
+        if self.flag(MetricId::Stuck) {
             return ("STUCK".to_owned(), Key::Number(3.0));
         }
-        let Some(ns_metric) = metric("stopped_ns") else {
-            return ("?".to_owned(), Key::Number(0.0));
-        };
+        let ns_metric = MetricId::StoppedNs.metric();
         let Value::Count(ns) = self.line.value(ns_metric) else {
             return ("?".to_owned(), Key::Number(0.0));
         };
-        let now = flag("stopped");
+        let now = self.flag(MetricId::Stopped);
         match self.mode {
             Mode::Totals => {
                 let secs = ns as f64 / 1e9;
@@ -371,14 +362,17 @@ impl Ctx<'_, '_> {
         }
     }
 
+    /// Whether the flag `id` is set on the line.
+    fn flag(&self, id: MetricId) -> bool {
+        matches!(self.line.value(id.metric()), Value::Flag(true))
+    }
+
     fn mark(&self) -> Mark {
-        let flag =
-            |name| metric(name).is_some_and(|m| matches!(self.line.value(m), Value::Flag(true)));
         if self.line.retired() {
             Mark::Gone
-        } else if flag("stuck") {
+        } else if self.flag(MetricId::Stuck) {
             Mark::Stuck
-        } else if flag("stopped") {
+        } else if self.flag(MetricId::Stopped) {
             Mark::Stopped
         } else {
             Mark::Plain
@@ -538,7 +532,7 @@ fn clip_to(text: &str, width: Option<usize>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::columns::{defaults, offered};
+    use crate::output::columns::{COLUMNS, defaults};
     use crate::output::lines::tests::{report, row};
 
     /// A busy host: long names, a folded multi-queue device, owners, a gone device, other
@@ -580,7 +574,7 @@ mod tests {
     fn every_line_fits_and_keeps_device_delivered_and_ring_drops() {
         let (before, now) = two_reports();
         for width in [80, 100, 120] {
-            for columns in [defaults(), offered()] {
+            for columns in [defaults(), COLUMNS.iter().collect()] {
                 let lines = frame(&now, Some(&before), &columns, Some(width), None);
                 assert_fits(&lines, width);
                 let text = lines.join("\n");
@@ -621,9 +615,10 @@ mod tests {
     #[test]
     fn narrow_windows_shorten_then_drop_then_cut() {
         let (before, now) = two_reports();
-        let grid = Grid::new(&now, Some(&before), &offered(), Mode::Rates);
+        let all: Vec<&Column> = COLUMNS.iter().collect();
+        let grid = Grid::new(&now, Some(&before), &all, Mode::Rates);
         let wide = grid.fit(None);
-        assert_eq!(wide.shown.len(), offered().len());
+        assert_eq!(wide.shown.len(), all.len());
         let mut shown = wide.shown.len();
         for width in (20..200).rev() {
             let fit = grid.fit(Some(width));

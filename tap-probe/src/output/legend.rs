@@ -30,9 +30,9 @@ pub(crate) fn columns_lines(columns: &[&Column], width: Option<usize>) -> Vec<St
         let first = format!("  {header:<pad$}");
         let short = column.header(true, true);
         let help = if short == *header {
-            column.help()
+            column.help.to_owned()
         } else {
-            format!("{} ({short} when narrow)", column.help())
+            format!("{} ({short} when narrow)", column.help)
         };
         out.extend(wrap(&first, &help, width, &" ".repeat(pad + 2)));
     }
@@ -109,7 +109,7 @@ mod tests {
     fn every_legend_line_fits() {
         let sources = crate::output::lines::tests::report(0.0, Vec::new()).sources;
         for width in [40, 80, 100, 120] {
-            let columns = crate::output::columns::offered();
+            let columns: Vec<_> = crate::output::columns::COLUMNS.iter().collect();
             for line in legend(&columns, &sources, Some(width)) {
                 assert!(line.chars().count() <= width, "{width}: {line:?}");
             }

@@ -1,20 +1,13 @@
 //! The lines of the views for people: a device's queues folded under it (one line for a
 //! device with one queue, a sum and a line per queue otherwise), each line's values read
-//! through [`METRICS`] by name, and the devices that went away during a run, kept for the
-//! final summary.
+//! through the counter table's entries, and the devices that went away during a run, kept
+//! for the final summary.
 
 use std::collections::BTreeMap;
 
-use tap_probe_common::{METRICS, Metric, QueueCounters, Source};
+use tap_probe_common::{Metric, QueueCounters, Source};
 
 use crate::host::report::{Report, Row, Value};
-
-/// The metric named `name` in the counter table, if it has one. The views ask by name, so a
-/// column appears when its metric exists and is not offered while it does not.
-#[must_use]
-pub(crate) fn metric(name: &str) -> Option<&'static Metric> {
-    METRICS.iter().find(|m| m.name == name)
-}
 
 /// One device, the same in every refresh: a name can come back with another ifindex, and
 /// two namespaces can hold the same name.
@@ -211,7 +204,7 @@ impl Gone {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use tap_probe_common::QueueCounters;
+    use tap_probe_common::{MetricId, QueueCounters};
 
     use super::*;
     use crate::host::discovery::{DeviceKind, Owner};
@@ -288,13 +281,11 @@ pub(crate) mod tests {
                 ("mq", Some(1), false, true)
             ]
         );
-        let consumed = metric("consumed").unwrap();
-        assert_eq!(lines[1].value(consumed), Value::Count(30));
+        let value = |id: MetricId| lines[1].value(id.metric());
+        assert_eq!(value(MetricId::Consumed), Value::Count(30));
         // The kernel's statistics are per device, the same on each row: taken once.
-        let tx = metric("kernel.tx_packets").unwrap();
-        assert_eq!(lines[1].value(tx), Value::Count(10));
-        let stopped = metric("stopped").unwrap();
-        assert_eq!(lines[1].value(stopped), Value::Flag(false));
+        assert_eq!(value(MetricId::KernelTxPackets), Value::Count(10));
+        assert_eq!(value(MetricId::Stopped), Value::Flag(false));
     }
 
     #[test]

@@ -161,7 +161,7 @@ pub(crate) fn rows(report: &Report, previous: Option<&Report>) -> String {
 fn cell(metric: &Metric, value: Value, before: Option<(&Row, f64)>) -> String {
     match (value, metric.unit) {
         (Value::Count(ns), Unit::Nanoseconds) => format!("{:.3}s", ns as f64 / 1e9),
-        (Value::Count(n), Unit::Packets) if matches!(metric.source, Source::Programs(_)) => {
+        (Value::Count(n), Unit::Packets) if matches!(metric.source, Source::Programs { .. }) => {
             match before.map(|(row, dt)| (row.value(metric), dt)) {
                 Some((Value::Count(then), dt)) => format!(
                     "{} ({}/s)",

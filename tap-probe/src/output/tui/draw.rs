@@ -11,7 +11,7 @@ use ratatui::widgets::{Block, Clear, Paragraph, Sparkline, Wrap};
 use tap_probe_common::{METRICS, Unit};
 
 use crate::host::report::{Report, Value};
-use crate::output::columns::{Column, offered};
+use crate::output::columns::{COLUMNS, Column};
 use crate::output::compact::{Grid, Mark, Mode, clip, plain};
 use crate::output::legend;
 use crate::output::lines::{DeviceId, Line, lines};
@@ -253,7 +253,7 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
         };
         let columns: Vec<&'static Column> = ["queue", "delivered", "ring-drops", "busy", "stopped"]
             .iter()
-            .filter_map(|name| offered().into_iter().find(|c| c.name == *name))
+            .filter_map(|name| COLUMNS.iter().find(|c| c.name == *name))
             .collect();
         let report = of_device(&state.report);
         let previous = state.previous.as_ref().map(of_device);

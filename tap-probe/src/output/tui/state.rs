@@ -4,11 +4,12 @@
 use std::collections::{HashMap, VecDeque};
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use tap_probe_common::MetricId;
 
 use crate::host::report::{Report, Value};
 use crate::output::columns::{Column, What};
 use crate::output::compact::{Grid, GridLine, Key, Mode};
-use crate::output::lines::{DeviceId, lines, metric};
+use crate::output::lines::{DeviceId, lines};
 
 /// Rates kept per device for the sparklines: more than any window is wide.
 pub(crate) const HISTORY: usize = 512;
@@ -120,10 +121,6 @@ impl State {
             }
             _ => 0,
         };
-        let (Some(delivered), Some(drops)) = (metric("consumed"), metric("dropped_full_ring"))
-        else {
-            return;
-        };
         for line in lines(&self.report)
             .iter()
             .filter(|l| !l.under && !l.retired())
@@ -132,10 +129,11 @@ impl State {
                 continue;
             };
             let history = self.history.entry(line.id.device.clone()).or_default();
-            for (series, metric) in [
-                (&mut history.delivered, delivered),
-                (&mut history.ring_drops, drops),
+            for (series, id) in [
+                (&mut history.delivered, MetricId::Consumed),
+                (&mut history.ring_drops, MetricId::DroppedFullRing),
             ] {
+                let metric = id.metric();
                 series.push_back(rate(line.value(metric), then.value(metric)));
                 if series.len() > HISTORY {
                     series.pop_front();
