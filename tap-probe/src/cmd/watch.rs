@@ -45,7 +45,7 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Args)]
 pub(crate) struct ViewArgs {
     /// The table's columns, in this order (comma-separated; default: device, netns, queue,
-    /// delivered, ring-drops, busy, stopped, the ring's state where counted, owner). Columns
+    /// delivered, ring-drops, busy, stopped, owner). Columns
     /// that do not fit the window are left out, the least needed first.
     #[arg(long, value_name = "LIST", value_parser = crate::output::columns::parse,
           conflicts_with = "wide")]
