@@ -303,7 +303,6 @@ fn fuzz_smoke() -> anyhow::Result<()> {
     std::fs::create_dir_all(&corpus)?;
     cmd::run(
         cmd::cargo()
-            .env("AYA_BUILD_SKIP", "1")
             .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
             .arg(&dir)
             .arg("trace_reader")
