@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::bpf::backend::Backend;
-use crate::bpf::probe::{Counting, Occupancy};
-use crate::host::discovery::Filter;
-use crate::host::watcher::Watcher;
-use crate::kernel::KernelInfo;
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::bpf::probe::{Counting, Occupancy};
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::kernel::KernelInfo;
 
 /// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
 pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
@@ -64,10 +64,10 @@ enum Command {
 /// lines journald reads), the command line, the subcommand, and how the process ends: the
 /// subcommand's exit code when it ran to its end, or, when a signal, a lost terminal or a
 /// lost reader of stdout stopped it early, that signal once everything is undone
-/// ([`crate::os::signals::exit`]), so the wait status says why; `serve` exits 0 when it
+/// ([`tap_probe_observer::os::signals::exit`]), so the wait status says why; `serve` exits 0 when it
 /// stopped cleanly on a signal.
 #[must_use]
-pub fn main() -> std::process::ExitCode {
+pub(crate) fn main() -> std::process::ExitCode {
     use crate::output::logging::{self, Style};
     let cli = Cli::parse();
     let service = matches!(cli.command, Command::Serve(_));
@@ -80,7 +80,7 @@ pub fn main() -> std::process::ExitCode {
     // A service's normal end is a signal from its manager: it exits 0 once it has stopped
     // cleanly, as other exporters do, so its manager logs no failure.
     let stopped_service = service && result.is_ok();
-    if let Some(why) = crate::os::signals::why().filter(|_| !stopped_service) {
+    if let Some(why) = tap_probe_observer::os::signals::why().filter(|_| !stopped_service) {
         // The reader of stdout or the terminal is gone: nothing to tell it. Otherwise say
         // what the command could not finish (what it finished, it said itself).
         if let Err(err) = result
@@ -92,7 +92,7 @@ pub fn main() -> std::process::ExitCode {
                 eprintln!("tap-probe: {why}: {err:#}");
             }
         }
-        crate::os::signals::exit(why);
+        tap_probe_observer::os::signals::exit(why);
     }
     match result {
         Ok(code) => code,
@@ -212,12 +212,12 @@ const MAX_DURATION: Duration = Duration::from_hours(365 * 24);
 /// reads the maps; much more often than this and the loop would do nothing else.
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A duration above zero (`--duration 2.5`, `--duration 10s`; see [`crate::duration`]).
+/// A duration above zero (`--duration 2.5`, `--duration 10s`; see [`tap_probe_common::duration`]).
 ///
 /// # Errors
 /// Not a duration, zero, or more than a year.
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    crate::duration::within(text, &(Duration::from_nanos(1)..=MAX_DURATION))
+    tap_probe_common::duration::within(text, &(Duration::from_nanos(1)..=MAX_DURATION))
 }
 
 /// A duration that may be zero (`--start-delay 0`).
@@ -225,7 +225,7 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
 /// # Errors
 /// Not a duration, or more than a year.
 pub(crate) fn delay(text: &str) -> Result<Duration, String> {
-    crate::duration::within(text, &(Duration::ZERO..=MAX_DURATION))
+    tap_probe_common::duration::within(text, &(Duration::ZERO..=MAX_DURATION))
 }
 
 /// A refresh interval, at least [`MIN_INTERVAL`].
@@ -233,7 +233,7 @@ pub(crate) fn delay(text: &str) -> Result<Duration, String> {
 /// # Errors
 /// Not a duration, shorter than [`MIN_INTERVAL`], or more than a year.
 pub(crate) fn interval(text: &str) -> Result<Duration, String> {
-    crate::duration::within(text, &(MIN_INTERVAL..=MAX_DURATION)).map_err(|err| {
+    tap_probe_common::duration::within(text, &(MIN_INTERVAL..=MAX_DURATION)).map_err(|err| {
         if err.contains("shorter than") {
             format!(
                 "{err}: a refresh scans every namespace, so shorter intervals would leave no \

@@ -1,10 +1,16 @@
-//! The `tap-probe` binary: everything is in the library, so the integration tests and the
-//! fuzz target reach the same code.
-#![expect(
-    unused_crate_dependencies,
-    reason = "the library uses the package's dependencies; the binary only calls it"
-)]
+//! tap-probe: counts what happens to packets on the transmit path of tun/tap devices.
+//!
+//! The binary is the top layer: the command line (`cli`), one module per subcommand
+//! (`cmd`) and what they show (`output`), over the lab (`tap-probe-lab`), the ring model
+//! (`tap-probe-replay`) and the observer (`tap-probe-observer`). Where to start reading:
+//! `cli.rs`, then a subcommand in `cmd/`; the counters are declared in `tap-probe-common`'s
+//! `counters.rs`.
+
+mod cli;
+mod cli_reference;
+mod cmd;
+mod output;
 
 fn main() -> std::process::ExitCode {
-    tap_probe::main()
+    cli::main()
 }

@@ -13,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tap_probe::lab::{Drive, ReaderConfig, RootQdisc, Rtnl, SenderConfig, Tap, TapOptions, run_in};
+use tap_probe_lab::lab::{
+    Drive, ReaderConfig, RootQdisc, Rtnl, SenderConfig, Tap, TapOptions, run_in,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 /// Rounds of churn: each fills a namespace with taps and veths and deletes it.
@@ -139,7 +141,7 @@ fn churn(scrape_ok: &dyn Fn() -> String) -> f64 {
 
 #[test]
 fn watch_survives_churn_beyond_its_tables_and_stays_exact() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     raise_open_files();

@@ -15,11 +15,11 @@ mod common;
 
 use std::time::Duration;
 
-use tap_probe::lab::Filter;
-use tap_probe::lab::run_in;
-use tap_probe::lab::{self, Drive, ReaderConfig, SenderConfig};
-use tap_probe::lab::{QdiscStats, RootQdisc, Rtnl};
-use tap_probe::lab::{Row, SendReport, TapOptions};
+use tap_probe_lab::lab::Filter;
+use tap_probe_lab::lab::run_in;
+use tap_probe_lab::lab::{self, Drive, ReaderConfig, SenderConfig};
+use tap_probe_lab::lab::{QdiscStats, RootQdisc, Rtnl};
+use tap_probe_lab::lab::{Row, SendReport, TapOptions};
 
 use common::{Checks, Gate, Oracle};
 
@@ -37,7 +37,7 @@ struct Setup {
 }
 
 fn tap_with_slow_reader(setup: Setup) {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let kernel = common::kernel();
@@ -137,7 +137,7 @@ struct Run<'a> {
     sent: &'a SendReport,
     /// The root qdisc's counters over the run; `None` without a qdisc.
     qdisc: Option<&'a QdiscStats>,
-    sources: &'a tap_probe::lab::Sources,
+    sources: &'a tap_probe_lab::lab::Sources,
 }
 
 /// What holds whatever the kernel does with a full ring.
@@ -251,7 +251,7 @@ fn qdisc_accounting(checks: &mut Checks, gate: &Gate, row: &Row, run: &Run<'_>, 
 }
 
 /// The fix: the ring never drops, the queue stops and the qdisc holds the packets.
-fn stopping(gate: &Gate, row: &Row, kernel: &tap_probe::lab::KernelInfo) {
+fn stopping(gate: &Gate, row: &Row, kernel: &tap_probe_lab::lab::KernelInfo) {
     let c = &row.counters;
     assert_eq!(row.backpressure, Some(true), "{:?}", gate.backend());
     gate.holds(
@@ -388,7 +388,7 @@ fn voluntary_switches(status: &std::fs::File) -> u64 {
 /// when the ring is empty, so the two must be equal.
 #[test]
 fn reader_sleeps_match_the_readers_context_switches() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("sleep").unwrap();

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use common::oracle::{Checks, Gate, Oracle};
 use common::service::{Service, http_get, left_behind, programs};
 use serde_json::Value;
-use tap_probe::lab::Backend;
+use tap_probe_lab::lab::Backend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const RULES: &str = include_str!("../../deploy/prometheus/tap-probe-rules.yml");
@@ -487,7 +487,7 @@ fn check_alert(
         // Every stop was woken, and the qdiscs were empty after the drain.
         "TapQueueStuck" => assert_eq!(mine, none, "{name}: {fired:?}"),
         "TapBackpressureUnused" => {
-            let flag = tap_probe::lab::tun_has_backpressure().unwrap();
+            let flag = tap_probe_lab::lab::tun_has_backpressure().unwrap();
             let predicted = if flag { tap_only } else { none };
             assert_eq!(
                 mine, predicted,
@@ -600,7 +600,7 @@ fn rates_are_whole(
     reason = "one scenario, start to stop, in order"
 )]
 fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     if Command::new(PROMETHEUS).arg("--version").output().is_err() {
@@ -665,7 +665,7 @@ fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     // to the kernel's exactly.
     let missed_runs: u64 = loaded
         .iter()
-        .map(|&id| tap_probe::lab::program_recursion_misses(id).unwrap())
+        .map(|&id| tap_probe_lab::lab::program_recursion_misses(id).unwrap())
         .sum();
     let gate = Gate::of_programs(BACKEND, missed_runs);
     let mut checks = Checks::new();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::running::{Lines, Running};
-use tap_probe::lab::{
+use tap_probe_lab::lab::{
     Backend, Drive, Filter, NamedNetns, ReaderConfig, RootQdisc, SenderConfig, Tap, TapOptions,
     Watcher, run_in,
 };
@@ -246,7 +246,7 @@ fn check_new_tap_row(
 /// A tap created in a namespace being watched, flooded the moment it exists.
 #[test]
 fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("born").unwrap();
@@ -266,7 +266,7 @@ fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
 /// namespace), flooded the moment it exists.
 #[test]
 fn a_tap_in_a_new_namespace_is_counted_from_its_first_packet() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let tag = format!("tp-bornns-{}", std::process::id());
@@ -314,7 +314,7 @@ fn read_frames(tap: &Tap, n: u64, limit: Duration) -> u64 {
 fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
     const RING: u64 = 1000;
     const HELD: u64 = 300;
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let kernel = common::kernel();
@@ -337,7 +337,7 @@ fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
     }
     // Nobody reads: the ring fills, the queue stops, the qdisc holds the rest.
     let sent = run_in(ns.path(), || {
-        tap_probe::lab::send(&SenderConfig {
+        tap_probe_lab::lab::send(&SenderConfig {
             batch: 1,
             ..SenderConfig::new(tap.ifindex(), RING + HELD, Duration::from_secs(30))
         })

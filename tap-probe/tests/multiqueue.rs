@@ -10,11 +10,11 @@ mod common;
 
 use std::time::Duration;
 
-use tap_probe::lab::Filter;
-use tap_probe::lab::run_in;
-use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
-use tap_probe::lab::{RootQdisc, Rtnl};
-use tap_probe::lab::{Tap, TapOptions};
+use tap_probe_lab::lab::Filter;
+use tap_probe_lab::lab::run_in;
+use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_lab::lab::{RootQdisc, Rtnl};
+use tap_probe_lab::lab::{Tap, TapOptions};
 
 use common::{Gate, Oracle};
 
@@ -26,7 +26,7 @@ const FLOWS: u32 = 32;
 
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("mq").unwrap();
@@ -127,7 +127,7 @@ fn per_queue_consumed_matches_each_readers_count() {
 }
 
 /// A tap with two queues (one fd each) in `ns`, without a qdisc, up.
-fn two_queue_tap(ns: &tap_probe::lab::NamedNetns) -> Tap {
+fn two_queue_tap(ns: &tap_probe_lab::lab::NamedNetns) -> Tap {
     run_in(ns.path(), || {
         let opts = TapOptions {
             multi_queue: true,

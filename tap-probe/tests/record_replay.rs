@@ -16,13 +16,13 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tap_probe::lab::{Discovery, Filter};
-use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
-use tap_probe::lab::{RootQdisc, Rtnl, Tap, TapOptions, TunBackpressure, run_in};
-use tap_probe::model::Policy;
-use tap_probe::model::X86_64_BATCH;
-use tap_probe::model::{SimConfig, simulate};
 use tap_probe_common::{EventKind, WakeClass};
+use tap_probe_lab::lab::{Discovery, Filter};
+use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_lab::lab::{RootQdisc, Rtnl, Tap, TapOptions, TunBackpressure, run_in};
+use tap_probe_replay::policy::Policy;
+use tap_probe_replay::ring::X86_64_BATCH;
+use tap_probe_replay::sim::{SimConfig, simulate};
 
 use common::{Gate, Oracle};
 
@@ -31,7 +31,7 @@ const DEV: &str = "tprr0";
 
 #[test]
 fn replayed_tail_drops_match_kernel_tx_dropped() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("rr").unwrap();
@@ -87,7 +87,7 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
     let tx_packets = after.tx_packets - before.tx_packets;
     eprintln!("sent {sent:?}\nkernel tx_dropped {tx_dropped} tx_packets {tx_packets}\n{log}");
 
-    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe_replay::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     assert_eq!(
         rec.trailer.lost, 0,
         "events were lost: the replay cannot be exact"
@@ -224,7 +224,7 @@ fn recorded_run(dev: &str, qdisc: RootQdisc, flag: bool) -> (Recording, u64, u64
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (sent, reads) = std::thread::scope(|scope| {
         let reader = scope.spawn(|| paced_reads(&tap, &stop));
-        let sent = run_in(ns.path(), || tap_probe::lab::send(&sender)).unwrap();
+        let sent = run_in(ns.path(), || tap_probe_lab::lab::send(&sender)).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (sent, reader.join().unwrap())
@@ -244,7 +244,7 @@ fn recorded_run(dev: &str, qdisc: RootQdisc, flag: bool) -> (Recording, u64, u64
         "{dev}: {qdisc:?} flag {flag}: sent {sent:?}, read {}\nqdisc {after:?}\n{log}",
         reads.len()
     );
-    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe_replay::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     assert_eq!(
         rec.trailer.lost, 0,
         "events were lost: nothing exact follows"
@@ -303,7 +303,7 @@ fn paced_reads(tap: &Tap, stop: &std::sync::atomic::AtomicBool) -> Vec<u64> {
 }
 
 struct Recording {
-    rec: tap_probe::model::Recording,
+    rec: tap_probe_replay::Recording,
     /// Every event, in time order.
     events: Vec<tap_probe_trace::Event>,
     /// When each of the reader's reads began, in order.
@@ -334,7 +334,7 @@ fn monotonic_ns() -> u64 {
 /// workload recorded on a tail-dropping tap predicts the fix's stops, wakes and qdisc drops.
 #[test]
 fn the_fix_wakes_at_half_the_ring_and_the_replay_predicts_it() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let kernel = common::kernel();

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use tap_probe::lab::RootQdisc;
-use tap_probe::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_lab::lab::RootQdisc;
+use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
@@ -241,7 +241,7 @@ fn flood_secs() -> u64 {
 
 #[test]
 fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -260,13 +260,13 @@ fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
     let status = status
         .unwrap_or_else(|why| panic!("record --duration 3 under load did not end: {why}:\n{log}"));
     assert!(status.success(), "{status}\n{log}");
-    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe_replay::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     assert!(rec.trailer.events > 0, "{log}");
 }
 
 #[test]
 fn record_honours_sigterm_under_a_load_it_cannot_keep_up_with() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -285,7 +285,7 @@ fn record_honours_sigterm_under_a_load_it_cannot_keep_up_with() {
         common::stopped_by(status, nix::sys::signal::Signal::SIGTERM),
         "{status}\n{log}"
     );
-    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe_replay::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     assert!(rec.trailer.events > 0, "{log}");
 }
 
@@ -331,7 +331,7 @@ fn with_traffic<T: Send>(tag: &str, during: impl FnOnce(&str, &str) -> T + Send)
 /// its last whole record with `--salvage`, which says what is missing.
 #[test]
 fn a_killed_recording_is_salvaged() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -352,9 +352,9 @@ fn a_killed_recording_is_salvaged() {
         size > 64 << 10,
         "the recorder wrote something: {size} bytes\n{log}"
     );
-    let strict = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap());
+    let strict = tap_probe_replay::load_recording(std::fs::File::open(&trace).unwrap());
     assert!(strict.is_err(), "a killed recording has no trailer");
-    let rec = tap_probe::model::salvage_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe_replay::salvage_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     let cut = rec.cut.expect("the salvage says where the file was cut");
     assert!(cut.events > 0, "{log}");
     assert!(
@@ -438,7 +438,7 @@ impl Drop for SmallDisk {
 /// record with the loss stated; nothing stays attached.
 #[test]
 fn a_full_disk_ends_the_recording_cleanly() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -477,14 +477,14 @@ fn a_full_disk_ends_the_recording_cleanly() {
     let size = std::fs::metadata(&file).unwrap().len();
     assert!(size > 128 << 10, "the disk filled up: {size} bytes");
     if stderr.contains("with its trailer") {
-        let rec = tap_probe::model::load_recording(std::fs::File::open(&file).unwrap())
+        let rec = tap_probe_replay::load_recording(std::fs::File::open(&file).unwrap())
             .expect("a file ended cleanly reads whole");
         assert!(rec.lost > 0, "what did not fit is counted as lost");
         let events: u64 = rec.streams.iter().map(|s| s.ops.times.len() as u64).sum();
         assert!(events > 0);
     } else {
         assert!(stderr.contains("--salvage"), "{stderr}");
-        let rec = tap_probe::model::salvage_recording(std::fs::File::open(&file).unwrap()).unwrap();
+        let rec = tap_probe_replay::salvage_recording(std::fs::File::open(&file).unwrap()).unwrap();
         let cut = rec.cut.expect("no trailer");
         assert_eq!(cut.offset, size, "the file ends at a whole record");
     }
@@ -499,19 +499,19 @@ const TAPS: usize = 70;
 /// `watch` counts them (the first 64), 70 of them fit the probe's tables.
 #[test]
 fn multi_queue_taps_are_recorded_within_the_tables() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("rmq").unwrap();
-    let taps: Vec<tap_probe::lab::Tap> = tap_probe::lab::run_in(ns.path(), || {
+    let taps: Vec<tap_probe_lab::lab::Tap> = tap_probe_lab::lab::run_in(ns.path(), || {
         (0..TAPS)
             .map(|i| {
-                tap_probe::lab::Tap::create(
+                tap_probe_lab::lab::Tap::create(
                     &format!("tpq{i}"),
-                    tap_probe::lab::TapOptions {
+                    tap_probe_lab::lab::TapOptions {
                         multi_queue: true,
                         queues: 1,
-                        ..tap_probe::lab::TapOptions::default()
+                        ..tap_probe_lab::lab::TapOptions::default()
                     },
                 )
             })
@@ -530,7 +530,7 @@ fn multi_queue_taps_are_recorded_within_the_tables() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("not recording"), "{stderr}");
-    let rec = tap_probe::model::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
+    let rec = tap_probe_replay::load_recording(std::fs::File::open(&trace).unwrap()).unwrap();
     assert_eq!(rec.header.devices.len(), TAPS);
     assert!(
         rec.header.devices.iter().all(|d| d.queues == 64),

@@ -14,11 +14,11 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tap_probe::lab::{
+use tap_probe_common::QueueCounters;
+use tap_probe_lab::lab::{
     self, Backend, Drive, Filter, QdiscStats, ReaderConfig, RootQdisc, Rtnl, SENDER_DEV,
     SenderConfig, TcpCounters, VethConfig, VethLink, run_in,
 };
-use tap_probe_common::QueueCounters;
 
 use common::{Checks, Gate, Oracle};
 

@@ -10,8 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use tap_probe::lab::{self, Backend, Filter, Row, SenderConfig, TapOptions, Watcher};
-use tap_probe::lab::{NamedNetns, RootQdisc, Rtnl, Tap, TunBackpressure, run_in};
+use tap_probe_lab::lab::{self, Backend, Filter, Row, SenderConfig, TapOptions, Watcher};
+use tap_probe_lab::lab::{NamedNetns, RootQdisc, Rtnl, Tap, TunBackpressure, run_in};
 
 use common::{Gate, Oracle};
 
@@ -62,7 +62,7 @@ fn read(tap: &Tap, n: u64) {
 /// frees one.
 #[test]
 fn ring_occupancy_follows_what_went_in_and_out() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("ring").unwrap();
@@ -138,7 +138,7 @@ fn ring_occupancy_follows_what_went_in_and_out() {
 /// reader comes back. Without the fix the ring drops and the queue never stops.
 #[test]
 fn a_stopped_queue_whose_reader_pauses_is_stuck() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let kernel = common::kernel();
@@ -221,7 +221,7 @@ fn a_stopped_queue_whose_reader_pauses_is_stuck() {
 #[test]
 fn a_ring_without_room_stalls_only_the_posted_series() {
     const FRAMES: u64 = 300;
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let kernel = common::kernel();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::service::{Service, left_behind, programs, sample};
-use tap_probe::lab::{Backend, Drive, ReaderConfig, RootQdisc, SenderConfig};
+use tap_probe_lab::lab::{Backend, Drive, ReaderConfig, RootQdisc, SenderConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const UNIT: &str = include_str!("../../deploy/systemd/tap-probe.service");
@@ -123,7 +123,7 @@ fn as_the_unit_runs_it(caps: &BTreeSet<String>) -> Vec<String> {
 
 /// A process that holds the tap open under a VM's command line (`sh -c 'read _' sh -name
 /// guest=...`): the tap's owner as `serve` should name it. It ends when its stdin closes.
-fn holder(tap: &tap_probe::lab::Tap) -> std::process::Child {
+fn holder(tap: &tap_probe_lab::lab::Tap) -> std::process::Child {
     let fd = tap.queue_fd(0).as_raw_fd();
     let mut command = Command::new("sh");
     command
@@ -197,7 +197,7 @@ fn allowed_syscalls(filter: &[&str]) -> Option<BTreeSet<String>> {
     reason = "one service life, start to stop, in order"
 )]
 fn the_unit_runs_it_with_its_capabilities_alone() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     // A copy the unprivileged user can reach (the build directory may be private).
@@ -312,7 +312,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     let consumed = sample(&body, "tap_probe_consumed_total", &labels);
     let missed_runs: u64 = loaded
         .iter()
-        .map(|&id| tap_probe::lab::program_recursion_misses(id).unwrap())
+        .map(|&id| tap_probe_lab::lab::program_recursion_misses(id).unwrap())
         .sum();
     // The unit leaves the backend to serve: what this kernel has.
     let gate = Gate::of_programs(Backend::Auto, missed_runs);

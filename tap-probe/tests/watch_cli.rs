@@ -13,9 +13,9 @@ use std::process::Command;
 use common::running::{Lines, Running};
 use std::time::Duration;
 
-use tap_probe::lab::RootQdisc;
-use tap_probe::lab::{Backend, KernelInfo, Watcher};
-use tap_probe::lab::{DeviceKind, Filter};
+use tap_probe_lab::lab::RootQdisc;
+use tap_probe_lab::lab::{Backend, KernelInfo, Watcher};
+use tap_probe_lab::lab::{DeviceKind, Filter};
 
 use common::{Gate, Oracle};
 
@@ -23,7 +23,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
 #[test]
 fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("disc").unwrap();
@@ -62,7 +62,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
 
 #[test]
 fn json_lines_carry_every_field() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("json").unwrap();
@@ -74,7 +74,7 @@ fn json_lines_carry_every_field() {
 }
 
 /// One `watch --format json` of the tap `tpj0` in `ns`, with `--flows` or not.
-fn json_lines_of_one_run(ns: &tap_probe::lab::NamedNetns, flows: bool) {
+fn json_lines_of_one_run(ns: &tap_probe_lab::lab::NamedNetns, flows: bool) {
     let out = Command::new(BIN)
         .args([
             "watch",
@@ -159,7 +159,7 @@ fn json_lines_of_one_run(ns: &tap_probe::lab::NamedNetns, flows: bool) {
 /// load did, by the sender's and the kernel's own counts; the rows agree with the kernel.
 #[test]
 fn demo_json_ends_with_the_rows_and_the_load_report() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -214,7 +214,7 @@ fn demo_json_ends_with_the_rows_and_the_load_report() {
 /// fix. Where the kernel lacks the flag, the demo refuses before it makes anything.
 #[test]
 fn demo_with_backpressure_stops_the_queue_or_refuses() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -224,7 +224,7 @@ fn demo_with_backpressure_stops_the_queue_or_refuses() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    if !tap_probe::lab::tun_has_backpressure().unwrap() {
+    if !tap_probe_lab::lab::tun_has_backpressure().unwrap() {
         assert!(!out.status.success(), "{stderr}");
         assert!(
             stderr.contains("does not support IFF_BACKPRESSURE"),
@@ -247,7 +247,7 @@ fn demo_with_backpressure_stops_the_queue_or_refuses() {
 
 #[test]
 fn unmatched_glob_is_an_error_that_lists_devices() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("nomatch").unwrap();
@@ -268,7 +268,7 @@ fn unmatched_glob_is_an_error_that_lists_devices() {
 
 #[test]
 fn sigterm_detaches_and_prints_a_summary() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("term").unwrap();
@@ -309,7 +309,7 @@ fn sigterm_detaches_and_prints_a_summary() {
 /// 15 bytes of a name): every backend's, tracepoint and kprobe programs alike. Tests compare
 /// the set before and after a run: a leak is an id that appeared and stayed.
 fn our_programs() -> std::collections::BTreeSet<u32> {
-    let names: std::collections::BTreeSet<String> = tap_probe::lab::probe_program_names()
+    let names: std::collections::BTreeSet<String> = tap_probe_lab::lab::probe_program_names()
         .unwrap()
         .iter()
         .map(|name| name.chars().take(15).collect())
@@ -323,7 +323,7 @@ fn our_programs() -> std::collections::BTreeSet<u32> {
 
 #[test]
 fn without_privileges_the_error_names_the_capabilities() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     // setpriv (util-linux) drops to an unprivileged user with no capabilities; that user
@@ -364,7 +364,7 @@ fn a_hangup_during_the_demo_leaves_nothing_behind() {
 }
 
 fn signal_during_the_demo_leaves_nothing_behind(signal: nix::sys::signal::Signal) {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let before = our_programs();
@@ -426,7 +426,7 @@ fn assert_no_probe_left(before: &std::collections::BTreeSet<u32>) {
 
 #[test]
 fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("backend").unwrap();
@@ -453,7 +453,7 @@ fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
             .output()
             .unwrap()
     };
-    // No kernel here can run fentry programs on tun (see tap_probe's bpf::backend), so
+    // No kernel here can run fentry programs on tun (see tap_probe_observer's bpf::backend), so
     // fentry is no value of --backend at all.
     let out = watch("fentry");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -491,16 +491,16 @@ fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
 }
 
 /// Sends `frames` frames through `tap` from inside `ns` while a reader takes them all.
-fn send_and_read(ns: &tap_probe::lab::NamedNetns, tap: &tap_probe::lab::Tap, frames: u64) {
-    let driven = tap_probe::lab::Drive {
+fn send_and_read(ns: &tap_probe_lab::lab::NamedNetns, tap: &tap_probe_lab::lab::Tap, frames: u64) {
+    let driven = tap_probe_lab::lab::Drive {
         netns: ns.path(),
         tap,
-        sender: tap_probe::lab::SenderConfig {
+        sender: tap_probe_lab::lab::SenderConfig {
             batch: 1,
             pps: Some(5_000),
-            ..tap_probe::lab::SenderConfig::new(0, frames, Duration::from_secs(10))
+            ..tap_probe_lab::lab::SenderConfig::new(0, frames, Duration::from_secs(10))
         },
-        reader: tap_probe::lab::ReaderConfig {
+        reader: tap_probe_lab::lab::ReaderConfig {
             pps: None,
             deadline: Duration::from_secs(20),
             max_packets: Some(frames),
@@ -540,7 +540,7 @@ fn sample(body: &str, family: &str, device: &str) -> Option<u64> {
 #[test]
 fn prometheus_endpoint_serves_the_counters() {
     const FRAMES: u64 = 500;
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("prom").unwrap();
@@ -605,7 +605,7 @@ fn prometheus_endpoint_serves_the_counters() {
 #[test]
 fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     const FRAMES: u64 = 500;
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("noocc").unwrap();
@@ -680,12 +680,12 @@ fn watch_json(ns: &str, extra: &[&str]) -> (serde_json::Value, String) {
 /// with a warning that says what is not exact.
 #[test]
 fn macvtap_is_watched_only_when_asked_for_and_then_with_a_warning() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let ns = common::quiet_netns("mvtap").unwrap();
-    tap_probe::lab::run_in(ns.path(), || {
-        let mut rtnl = tap_probe::lab::Rtnl::open()?;
+    tap_probe_lab::lab::run_in(ns.path(), || {
+        let mut rtnl = tap_probe_lab::lab::Rtnl::open()?;
         rtnl.add_veth("tpm-v0", "tpm-v1", Some(1))?;
         let lower = rtnl.link_by_name("tpm-v0")?.ifindex;
         rtnl.add_macvtap("tpm-mt0", lower)?;
@@ -747,7 +747,7 @@ fn with_capabilities(caps: &[&str], args: &[&str]) -> std::process::Output {
 /// stands in for).
 #[test]
 fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let out = with_capabilities(&[], &["watch", "--duration", "1"]);
@@ -811,11 +811,11 @@ fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
 /// `misses.rs`, which causes misses and counts them with the same code.
 #[test]
 fn what_the_kernel_skipped_is_read_for_every_program() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let kernel = KernelInfo::load().unwrap();
-    let names = tap_probe::lab::probe_program_names().unwrap();
+    let names = tap_probe_lab::lab::probe_program_names().unwrap();
     let ns = common::quiet_netns("missed").unwrap();
     let _tap = common::tap_in(&ns, "tpmi0", RootQdisc::Noqueue).unwrap();
     for backend in Backend::available(&kernel) {

@@ -1,6 +1,6 @@
 //! Orchestration for tap-probe: machine setup, the test pipeline, the demo and benchmarks.
 //! Building is not done here: a plain `cargo build` builds the eBPF object through
-//! `tap-probe/build.rs`.
+//! `tap-probe-observer/build.rs`.
 
 mod bench;
 mod cmd;

@@ -5,12 +5,13 @@
 //!
 //! Which binaries run where:
 //! - on the host, unprivileged: every unit test binary and every test target that needs no
-//!   root, all tests in parallel, but the lib's `privileged_tests` modules;
-//! - on the host, privileged, one test at a time: the lib's `privileged_tests` and every
-//!   test target that requires the `privileged-tests` feature;
+//!   root, all tests in parallel, but the libs' `privileged_tests` modules;
+//! - on the host, privileged, one test at a time: the `privileged_tests` of the libs of
+//!   [`KERNEL_TEST_LIBS`] and every test target that requires the `privileged-tests` feature;
 //! - in each guest: only what depends on the kernel: the privileged test targets but those
-//!   of [`HOST_ONLY`], and the lib's `privileged_tests` and `kernel_tests` modules (tests
-//!   that read the running kernel's BTF or kallsyms, which need no root).
+//!   of [`HOST_ONLY`], and the `privileged_tests` and `kernel_tests` modules of the libs of
+//!   [`KERNEL_TEST_LIBS`] (`kernel_tests` read the running kernel's BTF or kallsyms, which
+//!   needs no root).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,7 +34,8 @@ pub(crate) const TEST_PROFILE: &[&str] = &[
 ];
 
 /// What every build of the suite builds: the workspace but the eBPF crate (which builds only
-/// for the BPF target, through `tap-probe/build.rs`), with the privileged tests.
+/// for the BPF target, through `tap-probe-observer/build.rs`), with the privileged tests
+/// (tap-probe's feature enables the observer's and the lab's own).
 pub(crate) const SCOPE: &[&str] = &[
     "--workspace",
     "--exclude",
@@ -59,6 +61,11 @@ const PRIVILEGED_FEATURE: &str = "privileged-tests";
 ///   `prometheus`). What they see of the kernel, the other privileged targets check in every
 ///   guest; the static binary's own run in a guest is stage `dist`.
 const HOST_ONLY: &[&str] = &["stop", "record_robustness", "watch_tty", "fleet", "service"];
+
+/// The libraries whose unit tests hold `privileged_tests` and `kernel_tests` modules, by
+/// target name: cargo names a lib target after its crate, with underscores (the label of
+/// its unit tests is then `tap_probe_observer-lib`).
+const KERNEL_TEST_LIBS: &[&str] = &["tap_probe_observer", "tap_probe_lab"];
 
 /// Unit test modules whose tests need root (and, so, the kernel).
 pub(crate) const PRIVILEGED_MODULES: &str = "privileged_tests::";
@@ -90,10 +97,13 @@ pub(crate) struct Binary {
 
 impl Binary {
     /// Whether its tests depend on the running kernel, as a whole (privileged test targets
-    /// but those of [`HOST_ONLY`]) or in part (tap-probe's lib).
+    /// but those of [`HOST_ONLY`]) or in part (the libs of [`KERNEL_TEST_LIBS`]).
     pub(crate) fn for_guests(&self) -> bool {
         (self.kind == Kind::Privileged && !HOST_ONLY.contains(&self.label.as_str()))
-            || (self.kind == Kind::Unit && self.label == "tap-probe-lib")
+            || (self.kind == Kind::Unit
+                && KERNEL_TEST_LIBS
+                    .iter()
+                    .any(|&lib| self.label.strip_suffix("-lib") == Some(lib)))
     }
 }
 
@@ -260,4 +270,28 @@ pub(crate) fn for_guests(binary: &Binary, args: &[String]) -> anyhow::Result<Vec
             .filter(|t| t.contains(PRIVILEGED_MODULES) || t.contains(KERNEL_MODULES))
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(label: &str) -> Binary {
+        Binary {
+            label: label.to_owned(),
+            path: PathBuf::new(),
+            dir: PathBuf::new(),
+            kind: Kind::Unit,
+        }
+    }
+
+    /// The unit tests of the libs that hold kernel-dependent modules run in the guests, as
+    /// cargo labels them; other unit tests do not.
+    #[test]
+    fn the_libs_with_kernel_tests_run_in_guests() {
+        assert!(unit("tap_probe_observer-lib").for_guests());
+        assert!(unit("tap_probe_lab-lib").for_guests());
+        assert!(!unit("tap_probe_replay-lib").for_guests());
+        assert!(!unit("tap-probe-bin").for_guests());
+    }
 }

@@ -233,7 +233,7 @@ fn guest_stages<'a>() -> [Stage<Guests<'a>>; 3] {
 const FUZZ_SMOKE_SECS: u32 = 20;
 
 /// Every unit test and every test that needs no root, all tests of a binary in parallel;
-/// the lib's privileged ones wait for their stage. Then the doc tests, which only cargo
+/// the libs' privileged ones wait for their stage. Then the doc tests, which only cargo
 /// builds.
 fn unit_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
     let mut ran = Vec::new();
@@ -303,7 +303,6 @@ fn fuzz_smoke() -> anyhow::Result<()> {
     std::fs::create_dir_all(&corpus)?;
     cmd::run(
         cmd::cargo()
-            .env("AYA_BUILD_SKIP", "1")
             .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
             .arg(&dir)
             .arg("trace_reader")

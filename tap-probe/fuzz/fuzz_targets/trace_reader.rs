@@ -6,7 +6,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tap_probe::model::{Policy, SimConfig, X86_64_BATCH, salvage_recording, simulate};
+use tap_probe_replay::policy::Policy;
+use tap_probe_replay::ring::X86_64_BATCH;
+use tap_probe_replay::salvage_recording;
+use tap_probe_replay::sim::{SimConfig, simulate};
 use tap_probe_trace::{Record, TraceReader};
 
 fuzz_target!(|data: &[u8]| {

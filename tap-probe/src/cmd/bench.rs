@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 
-use crate::bench::run::{self, Fix};
-use crate::bench::table::{BenchTable, Cell, Header, Path, Variant};
-use crate::os::signals::Stop;
 use crate::output::Format;
 use crate::output::progress::{Progress, Status};
+use tap_probe_lab::bench::run::{self, Fix};
+use tap_probe_lab::bench::table::{BenchTable, Cell, Header, Path, Variant};
+use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -98,7 +98,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     }
     progress.finish();
     let header = Header {
-        kernel_release: crate::kernel::release(),
+        kernel_release: tap_probe_observer::kernel::release(),
         cpus: u32::try_from(std::thread::available_parallelism().map_or(1, usize::from))
             .unwrap_or(u32::MAX),
         accelerator: accelerator(),

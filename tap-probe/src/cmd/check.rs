@@ -9,14 +9,14 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 
-use crate::check::baseline::SavedBaseline;
-use crate::check::report::{CheckReport, Exit, ScenarioReport};
-use crate::check::spec::Spec;
-use crate::check::{junit, run};
-use crate::kernel::KernelInfo;
-use crate::os::signals::Stop;
 use crate::output::Format;
 use crate::output::progress::{Progress, Status};
+use tap_probe_lab::check::baseline::SavedBaseline;
+use tap_probe_lab::check::report::{CheckReport, Exit, ScenarioReport};
+use tap_probe_lab::check::spec::Spec;
+use tap_probe_lab::check::{junit, run};
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -60,7 +60,7 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
         .map(SavedBaseline::read)
         .transpose()?;
     if let Some(baseline) = &baseline {
-        let here = crate::kernel::release();
+        let here = tap_probe_observer::kernel::release();
         if baseline.kernel_release() != here {
             eprintln!(
                 "tap-probe check: the baseline was measured on {}, this is {here}",
@@ -76,7 +76,7 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
             let message = format!("{problem:#}");
             eprintln!("tap-probe check: {message}");
             CheckReport {
-                kernel_release: crate::kernel::release(),
+                kernel_release: tap_probe_observer::kernel::release(),
                 scenarios: spec
                     .scenarios
                     .iter()
@@ -116,7 +116,7 @@ fn read_spec(args: &Args) -> Result<Spec> {
 /// Every scenario in turn; a scenario the kernel refuses is an error of its own and the
 /// others still run.
 fn run_scenarios(spec: &Spec, baseline: Option<&SavedBaseline>) -> Result<CheckReport> {
-    crate::kernel::privileges::check()?;
+    tap_probe_observer::kernel::privileges::check()?;
     let kernel = KernelInfo::load()?;
     let stop = Stop::install()?;
     let total = spec.scenarios.len();
@@ -126,7 +126,8 @@ fn run_scenarios(spec: &Spec, baseline: Option<&SavedBaseline>) -> Result<CheckR
         // A stopped run still reports every scenario: those done with their verdicts, the
         // one cut short and the rest as errors that say so, so CI sees how far it got.
         if stop.stopped() {
-            let why = crate::os::signals::why().map_or_else(String::new, |why| format!(": {why}"));
+            let why = tap_probe_observer::os::signals::why()
+                .map_or_else(String::new, |why| format!(": {why}"));
             scenarios.push(ScenarioReport::errored(
                 scenario,
                 format!("not run, the check was stopped{why}"),

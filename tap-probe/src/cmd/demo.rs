@@ -6,17 +6,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 
-use crate::bpf::backend::Backend;
-use crate::host::discovery::Filter;
-use crate::host::report::Row;
-use crate::host::watcher::Watcher;
-use crate::kernel::KernelInfo;
-use crate::lab::load::Qdisc;
-use crate::lab::load::{DrainReport, LoadSession, SessionConfig};
-use crate::lab::traffic::{SendReport, SenderConfig};
-use crate::os::signals::Stop;
 use crate::output;
 use crate::output::Format;
+use tap_probe_lab::lab::load::Qdisc;
+use tap_probe_lab::lab::load::{DrainReport, LoadSession, SessionConfig};
+use tap_probe_lab::lab::traffic::{SendReport, SenderConfig};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::Row;
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -53,7 +53,7 @@ pub(crate) struct Args {
 /// Missing privileges or kernel features, or a failing step; the namespace, tap and probes
 /// are removed in every case (they are guards), also on Ctrl-C and SIGTERM.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    crate::kernel::privileges::check()?;
+    tap_probe_observer::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let session_cfg = SessionConfig {
         qdisc: Some(args.qdisc.into()),
@@ -65,7 +65,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     };
     let _stats = args
         .program_stats
-        .then(crate::bpf::probe::enable_run_stats)
+        .then(tap_probe_observer::bpf::probe::enable_run_stats)
         .transpose()?;
     let mut session = LoadSession::start(&session_cfg, stop.flag())?;
     let device = session.device().clone();

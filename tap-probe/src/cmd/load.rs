@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::lab::load::{LoadConfig, Qdisc, ReaderKind, SessionConfig, run_load_with_stop};
-use crate::lab::streams::VethConfig;
-use crate::lab::traffic::SenderConfig;
-use crate::lab::veth_load::{Proto, VethLoadConfig, run_veth_load};
-use crate::os::netlink::RootQdisc;
-use crate::os::signals::Stop;
 use crate::output::Format;
+use tap_probe_lab::lab::load::{LoadConfig, Qdisc, ReaderKind, SessionConfig, run_load_with_stop};
+use tap_probe_lab::lab::streams::VethConfig;
+use tap_probe_lab::lab::traffic::SenderConfig;
+use tap_probe_lab::lab::veth_load::{Proto, VethLoadConfig, run_veth_load};
+use tap_probe_observer::os::netlink::RootQdisc;
+use tap_probe_observer::os::signals::Stop;
 
 /// Where the traffic goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -212,7 +212,7 @@ fn check_capabilities() -> Result<()> {
     ];
     let status =
         std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
-    let eff = crate::kernel::privileges::parse_cap_eff(&status)?;
+    let eff = tap_probe_observer::kernel::privileges::parse_cap_eff(&status)?;
     let missing: Vec<&str> = NEEDED
         .iter()
         .filter(|(bit, _)| eff & (1 << bit) == 0)

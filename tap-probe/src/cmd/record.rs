@@ -14,15 +14,15 @@ use anyhow::{Context as _, bail};
 use aya::maps::{MapData, RingBuf};
 use tap_probe_common::EventKind;
 
-use crate::bpf::probe::Probe;
-use crate::host::LiveHost;
-use crate::host::discovery::Discovery;
-use crate::host::recorder::{REORDER_WINDOW_NS, Recorder, TraceFile};
-use crate::host::recording::{self, Followed, Following};
-use crate::kernel::KernelInfo;
-use crate::os::clock::monotonic_ns;
-use crate::os::signals::Stop;
 use crate::output::progress::{Progress, Status, bytes};
+use tap_probe_observer::bpf::probe::Probe;
+use tap_probe_observer::host::LiveHost;
+use tap_probe_observer::host::discovery::Discovery;
+use tap_probe_observer::host::recorder::{REORDER_WINDOW_NS, Recorder, TraceFile};
+use tap_probe_observer::host::recording::{self, Followed, Following};
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::clock::monotonic_ns;
+use tap_probe_observer::os::signals::Stop;
 use tap_probe_trace::{DeviceInfo, Header, Trailer};
 
 /// How long the loop waits at most once a pass has emptied the ring buffers. It wakes
@@ -67,7 +67,7 @@ pub(crate) struct Args {
     reason = "set-up, the loop and the orderly end read best in one place"
 )]
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    crate::kernel::privileges::check()?;
+    tap_probe_observer::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let mut discovery = Discovery::new(&args.devices.filter())?;
     let devices = discovery.matching()?;
@@ -252,7 +252,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 /// What a failed write did to the file, for the error message.
 fn failure_message(
     path: &std::path::Path,
-    failure: &crate::host::recorder::Failure,
+    failure: &tap_probe_observer::host::recorder::Failure,
     trailer: Option<&Trailer>,
 ) -> String {
     let path = path.display();

@@ -12,13 +12,13 @@ use tap_probe_trace::{MAX_RING_SIZE, TraceError};
 
 use crate::output::Format;
 use crate::output::table::{Align, Table};
-use crate::replay::live::{self, LiveConfig, LiveResult};
-use crate::replay::plot::{self, Panel};
-use crate::replay::policy::Policy;
-use crate::replay::ring::X86_64_BATCH;
-use crate::replay::sim::{Metrics, SimConfig, simulate};
-use crate::replay::workload::Workload;
-use crate::replay::{Cut, Ops, Stream, load_recording, salvage_recording};
+use tap_probe_replay::live::{self, LiveConfig, LiveResult};
+use tap_probe_replay::plot::{self, Panel};
+use tap_probe_replay::policy::Policy;
+use tap_probe_replay::ring::X86_64_BATCH;
+use tap_probe_replay::sim::{Metrics, SimConfig, simulate};
+use tap_probe_replay::workload::Workload;
+use tap_probe_replay::{Cut, Ops, Stream, load_recording, salvage_recording};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {

@@ -6,9 +6,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::kernel::KernelInfo;
-use crate::os::signals::Stop;
 use crate::output::prometheus::{About, Exporter, Settings};
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -37,7 +37,7 @@ pub(crate) struct Args {
 /// attach; the probes are detached in every case. A refresh that fails later does not end
 /// it: the last good counters stay served and `/healthz` reports the failure.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    crate::kernel::privileges::check()?;
+    tap_probe_observer::kernel::privileges::check()?;
     let filter = args.devices.filter();
     // Before anything is attached, so a SIGTERM during set-up still ends in a clean detach.
     let stop = Stop::install()?;

@@ -15,7 +15,7 @@ use tap_probe_guest::console::{self, Signal};
 use tap_probe_guest::image::{STDOUT_TTY, sh_quote};
 use tap_probe_guest::{AccelChoice, Image, KernelSpec, Launcher, Outcome, Verdict, launch};
 
-use crate::os::signals::Stop;
+use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -60,7 +60,7 @@ pub(crate) struct Args {
 
 /// `--timeout`: long enough for a guest to boot under emulation, at most a day.
 fn timeout(text: &str) -> Result<Duration, String> {
-    crate::duration::within(text, &(Duration::from_secs(10)..=Duration::from_hours(24)))
+    tap_probe_common::duration::within(text, &(Duration::from_secs(10)..=Duration::from_hours(24)))
 }
 
 /// Runs `tap-probe vm`.

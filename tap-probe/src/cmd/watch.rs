@@ -4,11 +4,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::kernel::KernelInfo;
-use crate::os::signals::Stop;
 use crate::output::Format;
 use crate::output::columns::Chosen;
 use crate::output::{self, View, tui};
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -65,7 +65,7 @@ pub(crate) struct ViewArgs {
 /// Missing privileges or kernel features, a filter that matches nothing, or a failure to
 /// attach; the probes are detached in every case.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    crate::kernel::privileges::check()?;
+    tap_probe_observer::kernel::privileges::check()?;
     if args.view.tui {
         tui::check()?;
     }
@@ -90,7 +90,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .transpose()?;
     let _stats = args
         .program_stats
-        .then(crate::bpf::probe::enable_run_stats)
+        .then(tap_probe_observer::bpf::probe::enable_run_stats)
         .transpose()?;
     let mut watcher = args.counting.watcher(&kernel, &filter)?;
     log::info!("sources: {}", watcher.sources());

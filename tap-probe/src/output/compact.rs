@@ -8,10 +8,10 @@ use std::fmt::Write as _;
 
 use tap_probe_common::{Metric, MetricId, Unit};
 
-use crate::host::report::{Report, Value};
 use crate::output::columns::{Column, KEEP, What};
 use crate::output::lines::{Line, LineId, lines};
 use crate::output::table::count;
+use tap_probe_observer::host::report::{Report, Value};
 
 /// What the numbers are: rates since the refresh before, or totals since tracking began
 /// (the final summary).

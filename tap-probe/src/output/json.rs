@@ -1,9 +1,6 @@
 //! JSON for programs: one object per refresh.
 
-use serde::Serialize;
-use tap_probe_common::METRICS;
-
-use crate::host::report::{Report, Row, Value};
+use tap_probe_observer::host::report::Report;
 
 /// One report as a JSON line; `final` marks the summary written after detaching, and
 /// `counts_may_be_short` says whether the kernel skipped runs of a program (see `missed`).
@@ -39,57 +36,52 @@ pub(crate) fn json_line_with(
     Ok(format!("{json}\n"))
 }
 
-impl Serialize for Row {
-    /// The labels, then every metric under its name (a dotted name nests), the drop reasons
-    /// and whether the device is gone.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde_json::{Map, Value as Json};
-        let mut row = Map::new();
-        let mut put = |name: &str, value: Json| match name.split_once('.') {
-            Some((outer, inner)) => {
-                if let Json::Object(nested) = row
-                    .entry(outer.to_owned())
-                    .or_insert_with(|| Json::Object(Map::new()))
-                {
-                    nested.insert(inner.to_owned(), value);
-                }
-            }
-            None => {
-                row.insert(name.to_owned(), value);
-            }
-        };
-        put("ifname", Json::from(self.ifname.clone()));
-        put("ifindex", Json::from(self.ifindex));
-        put("netns", Json::from(self.netns.clone()));
-        put(
-            "kind",
-            serde_json::to_value(self.kind).map_err(serde::ser::Error::custom)?,
+#[cfg(test)]
+mod tests {
+    use tap_probe_observer::bpf::probe::RingOccupancy;
+    use tap_probe_observer::host::discovery::DeviceKind;
+
+    use crate::output::lines::tests::full_row;
+
+    /// A row's JSON as it has been (`serde_json` sorts the keys), byte for byte.
+    #[test]
+    fn row_json_is_unchanged() {
+        const GOLDEN: &str = r#"{"backpressure":true,"busy":1,"consumed":6,"drop_reasons":{"xmit_error":3},"dropped_full_ring":2,"dropped_other":0,"enqueued":7,"flows_joined":0,"from_birth":false,"ifindex":7,"ifname":"tap0","kernel":{"skew":0,"tx_dropped":2,"tx_dropped_at_start":0,"tx_packets":6,"tx_packets_at_start":0},"kind":"tap","netns":"ns","owner":{"comm":"qemu","pid":42},"queue":1,"queue_stops":1,"queue_wakes":1,"reader_sleeps":4,"reordered":5,"requeued_stopped":2,"retired":false,"ring_occupancy":{"current":3,"histogram":[0,1,2,0,1,0,0,0,0,0,0,0,0,0,0,0,0,0],"max":8,"samples":4},"stopped":true,"stopped_ns":1500000000,"stuck":true,"wakes_forced":0,"wakes_other":0,"wakes_reader":1,"wakes_recheck":3,"wakes_vhost":0,"wakeups_per_packet":0.6666666666666666,"xmit_calls":10}"#;
+        let row = full_row();
+        let json = serde_json::to_value(&row).unwrap().to_string();
+        assert_eq!(json, GOLDEN);
+        let mut before = row.clone();
+        before.counters.consumed = 0;
+        assert_eq!(
+            serde_json::to_value(&before).unwrap()["wakeups_per_packet"],
+            serde_json::Value::Null
         );
-        put("queue", Json::from(self.queue));
-        put(
-            "owner",
-            serde_json::to_value(&self.owner).map_err(serde::ser::Error::custom)?,
-        );
-        for metric in METRICS {
-            let value = match self.value(metric) {
-                Value::Count(n) => Json::from(n),
-                Value::Flag(flag) => Json::from(flag),
-                Value::Ratio(ratio) => ratio.map_or(Json::Null, Json::from),
-                Value::Distribution(d) => serde_json::json!({
-                    "current": d.current,
-                    "max": (d.samples > 0 || d.max > 0).then_some(d.max),
-                    "samples": d.samples,
-                    "histogram": d.histogram,
-                }),
-                Value::Missing => Json::Null,
-            };
-            put(metric.name, value);
+        // What is not known here is null, not a zero that looks measured: wakes by source
+        // without the wake kprobe; the flag and the ring of a device that is no tun/tap.
+        let mut veth = row.clone();
+        veth.kind = DeviceKind::Veth;
+        veth.wake_sources = false;
+        veth.occupancy = None;
+        veth.backpressure = None;
+        let json = serde_json::to_value(&veth).unwrap();
+        for field in [
+            "wakes_reader",
+            "wakes_vhost",
+            "wakes_forced",
+            "wakes_other",
+            "wakes_recheck",
+            "ring_occupancy",
+            "backpressure",
+        ] {
+            assert_eq!(json[field], serde_json::Value::Null, "{field}");
         }
-        put(
-            "drop_reasons",
-            serde_json::to_value(&self.drop_reasons).map_err(serde::ser::Error::custom)?,
-        );
-        put("retired", Json::from(self.retired));
-        row.serialize(serializer)
+        assert_eq!(json["requeued_stopped"], 2, "known on every backend");
+        // Before the first sample a ring's level is unknown, its histogram empty.
+        let mut fresh = row.clone();
+        fresh.occupancy = Some(RingOccupancy::default());
+        let json = serde_json::to_value(&fresh).unwrap();
+        assert_eq!(json["ring_occupancy"]["current"], serde_json::Value::Null);
+        assert_eq!(json["ring_occupancy"]["max"], serde_json::Value::Null);
+        assert_eq!(json["ring_occupancy"]["samples"], 0);
     }
 }

@@ -1,8 +1,8 @@
 //! What the views' columns mean, said once: at the start of `watch` (and behind `?` in the
 //! full-screen view), wrapped to the window.
 
-use crate::bpf::backend::Sources;
 use crate::output::columns::Column;
+use tap_probe_observer::bpf::backend::Sources;
 
 /// The legend of the compact table: what the numbers are, a line per column, and where
 /// the counters come from.

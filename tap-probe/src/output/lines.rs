@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use tap_probe_common::{Metric, QueueCounters, Source};
 
-use crate::host::report::{Report, Row, Value};
+use tap_probe_observer::host::report::{Report, Row, Value};
 
 /// One device, the same in every refresh: a name can come back with another ifindex, and
 /// two namespaces can hold the same name.
@@ -207,8 +207,10 @@ pub(crate) mod tests {
     use tap_probe_common::{MetricId, QueueCounters};
 
     use super::*;
-    use crate::host::discovery::{DeviceKind, Owner};
-    use crate::host::report::KernelDeltas;
+    use tap_probe_observer::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use tap_probe_observer::bpf::probe::RingOccupancy;
+    use tap_probe_observer::host::discovery::{DeviceKind, Owner};
+    use tap_probe_observer::host::report::KernelDeltas;
 
     /// A row of device `name`, queue `queue`, with `consumed` and `full` counted.
     pub(crate) fn row(name: &str, queue: u32, consumed: u64, full: u64) -> Row {
@@ -242,16 +244,93 @@ pub(crate) mod tests {
                 tx_dropped: full,
                 skew: 0,
             },
-            kernel_at_start: crate::host::report::KernelAtStart::default(),
+            kernel_at_start: tap_probe_observer::host::report::KernelAtStart::default(),
             from_birth: false,
             retired: false,
+        }
+    }
+
+    /// A row with every field set, most counters not zero.
+    pub(crate) fn full_row() -> Row {
+        Row {
+            ifname: "tap0".to_owned(),
+            ifindex: 7,
+            netns: "ns".to_owned(),
+            kind: DeviceKind::Tap,
+            queue: 1,
+            owner: Some(Owner {
+                pid: 42,
+                comm: "qemu".to_owned(),
+                vm: None,
+            }),
+            counters: QueueCounters {
+                xmit_calls: 10,
+                enqueued: 7,
+                busy: 1,
+                dropped_full_ring: 2,
+                dropped_other: 0,
+                reordered: 5,
+                flows_joined: 0,
+                consumed: 6,
+                queue_stops: 1,
+                queue_wakes: 1,
+                stopped_ns: 1_500_000_000,
+                reader_sleeps: 4,
+                requeued_stopped: 2,
+                wakes_reader: 1,
+                wakes_vhost: 0,
+                wakes_forced: 0,
+                wakes_other: 0,
+                wakes_recheck: 3,
+            },
+            stopped: true,
+            stuck: true,
+            occupancy: Some(RingOccupancy {
+                current: Some(3),
+                max: 8,
+                samples: 4,
+                sum: 14,
+                histogram: {
+                    // Samples 1, 2, 3 and 8.
+                    let mut h = [0; tap_probe_common::OCCUPANCY_BUCKETS];
+                    h[1] = 1;
+                    h[2] = 2;
+                    h[4] = 1;
+                    h
+                },
+            }),
+            backpressure: Some(true),
+            wake_sources: true,
+            flows: true,
+            drop_reasons: [("xmit_error".to_owned(), 3)].into(),
+            kernel: KernelDeltas {
+                tx_packets: 6,
+                tx_dropped: 2,
+                skew: 0,
+            },
+            kernel_at_start: tap_probe_observer::host::report::KernelAtStart::default(),
+            from_birth: false,
+            retired: false,
+        }
+    }
+
+    /// The sources of a probe that runs on tracepoints alone.
+    pub(crate) fn sources() -> Sources {
+        Sources {
+            xmit: Xmit::Tracepoints,
+            consumed: Consume::Tracepoint,
+            requeues: Requeues::DequeuePairs,
+            wakes: Wakes::Inferred,
+            ring: Ring::Unavailable("not in this test".to_owned()),
+            flows: true,
+            notes: Vec::new(),
         }
     }
 
     pub(crate) fn report(elapsed_s: f64, rows: Vec<Row>) -> Report {
         Report {
             elapsed_s,
-            sources: crate::host::report::tests::sources(),
+            sources: sources(),
             programs: None,
             untracked: Vec::new(),
             missed: Vec::new(),

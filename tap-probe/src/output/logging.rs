@@ -70,7 +70,11 @@ mod tests {
     #[test]
     fn every_line_carries_its_priority() {
         assert_eq!(
-            journal_lines(log::Level::Warn, "tap_probe::host::watcher", "tap0 is gone"),
+            journal_lines(
+                log::Level::Warn,
+                "tap_probe_observer::host::watcher",
+                "tap0 is gone"
+            ),
             "<4>tap0 is gone\n"
         );
         assert_eq!(

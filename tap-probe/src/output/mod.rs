@@ -6,7 +6,7 @@
 //!
 //! [`stdout`] is the one way results reach stdout. A reader that went away (`tap-probe ...
 //! | head`) makes writes fail with `EPIPE` (Rust ignores SIGPIPE), a terminal that hung up
-//! with `EIO`; either stops the run as a signal would ([`crate::os::signals::end`]) and is
+//! with `EIO`; either stops the run as a signal would ([`tap_probe_observer::os::signals::end`]) and is
 //! [`StdoutClosed`], which ends the command without an error message or a panic.
 
 pub(crate) mod columns;
@@ -29,11 +29,11 @@ use std::time::{Duration, Instant};
 
 use nix::poll::PollFlags;
 
-use crate::host::report::Report;
-use crate::os::signals::{Stop, Why, Woke};
 use crate::output::columns::Column;
 use crate::output::lines::Gone;
 use crate::output::table::{Align, Table};
+use tap_probe_observer::host::report::Report;
+use tap_probe_observer::os::signals::{Stop, Why, Woke};
 
 /// How a subcommand prints its results (`--format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -85,7 +85,7 @@ pub(crate) fn sleep(stop: &Stop, wait: Duration) -> bool {
         match stop.wait(watched.then(|| (stdout.as_fd(), PollFlags::empty())), left) {
             Woke::Stopped => return true,
             Woke::Ready(_) => {
-                crate::os::signals::end(if stdout_is_char_device() {
+                tap_probe_observer::os::signals::end(if stdout_is_char_device() {
                     Why::TerminalGone
                 } else {
                     Why::OutputClosed
@@ -108,7 +108,7 @@ pub(crate) fn stdout_failed(err: std::io::Error) -> anyhow::Error {
         Some(libc::EIO) if stdout_is_char_device() => Why::TerminalGone,
         _ => return anyhow::Error::new(err).context("writing to stdout"),
     };
-    crate::os::signals::end(why);
+    tap_probe_observer::os::signals::end(why);
     StdoutClosed.into()
 }
 
@@ -306,6 +306,9 @@ fn terminal_lines(lines: &[String], width: Option<usize>) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use tap_probe_observer::bpf::missed::ProgramMissed;
+    use tap_probe_observer::kernel::modules::{Change, ModuleChange};
+
     use super::*;
 
     #[test]
@@ -320,5 +323,67 @@ mod tests {
         let err = anyhow::Error::new(StdoutClosed).context("showing a refresh");
         assert!(is_closed_stdout(&err));
         assert!(!is_closed_stdout(&anyhow::anyhow!("other")));
+    }
+
+    /// A report whose programs the kernel skipped says its counts may be short, per
+    /// program: in the table, the status line, the JSON and the Prometheus text.
+    #[test]
+    fn skipped_program_runs_are_shown_per_program_and_mark_the_counts_short() {
+        let mut report = lines::tests::report(1.0, vec![lines::tests::row("tap0", 0, 1, 0)]);
+        report.missed = vec![
+            ProgramMissed {
+                program: "consume_entry".to_owned(),
+                runs: 0,
+                kprobe: Some(0),
+            },
+            ProgramMissed {
+                program: "kfree_skb".to_owned(),
+                runs: 0,
+                kprobe: None,
+            },
+        ];
+        let json: serde_json::Value =
+            serde_json::from_str(&json::json_line(&report, false).unwrap()).unwrap();
+        assert_eq!(json["counts_may_be_short"], false);
+        assert_eq!(json["missed"][0]["program"], "consume_entry");
+        assert!(!table::rows(&report, None).contains("SHORT"));
+
+        report.missed[0].kprobe = Some(2);
+        report.missed[1].runs = 5;
+        let table = table::rows(&report, None);
+        assert!(
+            table.contains(
+                "COUNTS MAY BE SHORT: the kernel skipped program runs: consume_entry 2, kfree_skb 5"
+            ),
+            "{table}"
+        );
+        let status = compact::status(&report, None);
+        assert!(status.contains("COUNTS MAY BE SHORT"), "{status}");
+        let json: serde_json::Value =
+            serde_json::from_str(&json::json_line(&report, false).unwrap()).unwrap();
+        assert_eq!(json["counts_may_be_short"], true);
+        assert_eq!(json["missed"][0]["kprobe"], 2);
+        assert_eq!(json["missed"][1]["runs"], 5);
+        let text = prometheus::exposition(&report);
+        for sample in [
+            r#"tap_probe_missed_total{program="consume_entry",why="recursion"} 0"#,
+            r#"tap_probe_missed_total{program="consume_entry",why="kprobe"} 2"#,
+            r#"tap_probe_missed_total{program="kfree_skb",why="recursion"} 5"#,
+        ] {
+            assert!(text.lines().any(|l| l == sample), "{sample} in\n{text}");
+        }
+    }
+
+    /// A module that changed since attach is shown in the table and the Prometheus text.
+    #[test]
+    fn a_module_changed_since_attach_is_shown() {
+        let mut report = lines::tests::report(1.0, vec![lines::tests::row("tap0", 0, 1, 0)]);
+        report.modules_changed = vec![ModuleChange {
+            module: "veth",
+            change: Change::Loaded,
+        }];
+        let table = table::rows(&report, None);
+        assert!(table.contains("veth.ko loaded since attach"), "{table}");
+        assert!(prometheus::exposition(&report).contains("\ntap_probe_modules_changed 1\n"));
     }
 }

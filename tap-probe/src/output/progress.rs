@@ -99,7 +99,9 @@ impl Progress {
             && self.on
             && err.raw_os_error() == Some(libc::EIO)
         {
-            crate::os::signals::end(crate::os::signals::Why::TerminalGone);
+            tap_probe_observer::os::signals::end(
+                tap_probe_observer::os::signals::Why::TerminalGone,
+            );
         }
     }
 }

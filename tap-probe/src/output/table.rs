@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use tap_probe_common::{METRICS, Metric, Source, Unit};
 
-use crate::host::report::{Report, Row, Value};
+use tap_probe_observer::host::report::{Report, Row, Value};
 
 /// How a column's cells are padded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

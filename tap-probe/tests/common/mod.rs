@@ -11,12 +11,12 @@ pub(crate) mod service;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context as _, Result};
-use tap_probe::lab::{Backend, Row, Value, Watcher};
-use tap_probe::lab::{KernelInfo, TunBackpressure};
-use tap_probe::lab::{NamedNetns, run_in};
-use tap_probe::lab::{RootQdisc, Rtnl};
-use tap_probe::lab::{Tap, TapOptions};
 use tap_probe_common::{Kind, METRICS, Requires, Unit};
+use tap_probe_lab::lab::{Backend, Row, Value, Watcher};
+use tap_probe_lab::lab::{KernelInfo, TunBackpressure};
+use tap_probe_lab::lab::{NamedNetns, run_in};
+use tap_probe_lab::lab::{RootQdisc, Rtnl};
+use tap_probe_lab::lab::{Tap, TapOptions};
 
 pub(crate) mod oracle;
 pub(crate) mod second_reading;
@@ -113,17 +113,17 @@ pub(crate) fn has_backpressure_flag(kernel: &KernelInfo) -> bool {
 /// there fails the test): kprobes, and the tracepoints with `consume_skb`'s `location`
 /// (6.3+). The others are skipped, visibly.
 pub(crate) fn watchers(
-    filter: &tap_probe::lab::Filter,
-) -> Vec<(tap_probe::lab::Backend, tap_probe::lab::Watcher)> {
+    filter: &tap_probe_lab::lab::Filter,
+) -> Vec<(tap_probe_lab::lab::Backend, tap_probe_lab::lab::Watcher)> {
     let kernel = kernel();
     let expected = Backend::available(&kernel);
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe::lab::Watcher::with_occupancy(
+        match tap_probe_lab::lab::Watcher::with_occupancy(
             &kernel,
             filter,
             backend,
-            tap_probe::lab::Occupancy::Exact,
+            tap_probe_lab::lab::Occupancy::Exact,
         ) {
             Ok(w) => all.push((backend, w)),
             Err(err) if !expected.contains(&backend) => {

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt::{Debug, Display};
 
-use tap_probe::lab::{Backend, Watcher};
+use tap_probe_lab::lab::{Backend, Watcher};
 
 /// A witness that is not tap-probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

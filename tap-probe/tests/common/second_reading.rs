@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use tap_probe::lab::{NamedNetns, QdiscStats, Rtnl, run_in};
+use tap_probe_lab::lab::{NamedNetns, QdiscStats, Rtnl, run_in};
 
 use super::{Checks, Gate, Oracle};
 

@@ -165,7 +165,7 @@ fn stop_load(mut load: Run, signal: Signal) {
 
 #[test]
 fn every_view_ends_within_2s_when_its_terminal_closes_under_load() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     leftovers::subreaper();
@@ -215,7 +215,7 @@ fn every_view_ends_within_2s_when_its_terminal_closes_under_load() {
 
 #[test]
 fn every_view_stops_in_order_on_sigint_sigterm_and_sighup() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     leftovers::subreaper();
@@ -403,7 +403,7 @@ impl Commands {
     /// the scenario cut short and the one not run.
     fn assert_finished(&self) {
         let (record, load, demo, check) = (&self.record, &self.load, &self.demo, &self.check);
-        let recording = tap_probe::model::load_recording(std::fs::File::open(&self.trace).unwrap())
+        let recording = tap_probe_replay::load_recording(std::fs::File::open(&self.trace).unwrap())
             .unwrap_or_else(|err| panic!("the trace is not complete: {err:#}\n{}", record.said()));
         assert!(recording.trailer.events > 0, "{}", record.said());
         assert!(record.errors().contains("recorded "), "{}", record.said());
@@ -438,7 +438,7 @@ impl Commands {
 
 #[test]
 fn record_load_demo_and_check_stop_in_order_on_each_signal() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     leftovers::subreaper();
@@ -510,7 +510,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn with_stdin_at_end_of_file_from_the_start_nothing_spins_and_nohup_holds() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     leftovers::subreaper();
@@ -605,7 +605,7 @@ fn with_stdin_at_end_of_file_from_the_start_nothing_spins_and_nohup_holds() {
 
 #[test]
 fn vm_takes_its_guest_down_whatever_ends_it() {
-    if !tap_probe::lab::root() {
+    if !tap_probe_lab::lab::root() {
         return;
     }
     let qemu = tap_probe_guest::qemu::QEMU;

@@ -6,12 +6,12 @@ use anyhow::{Result, anyhow};
 use serde::Serialize;
 use tap_probe_common::KernelFacts;
 
-use crate::bpf::backend::Sources;
-use crate::bpf::probe::Probe;
-use crate::kernel::kallsyms::Kallsyms;
-use crate::kernel::{KernelInfo, TunBackpressure};
-use crate::kernel::{btf, kallsyms, privileges};
 use crate::output::Format;
+use tap_probe_observer::bpf::backend::Sources;
+use tap_probe_observer::bpf::probe::Probe;
+use tap_probe_observer::kernel::kallsyms::Kallsyms;
+use tap_probe_observer::kernel::{KernelInfo, TunBackpressure};
+use tap_probe_observer::kernel::{btf, kallsyms, privileges};
 
 mod render;
 mod trials;
@@ -347,8 +347,8 @@ fn collect() -> Diagnosis {
         Ok(kernel) => {
             match Probe::attach_backend(
                 kernel,
-                crate::bpf::backend::Backend::Auto,
-                crate::bpf::probe::Counting::WATCH,
+                tap_probe_observer::bpf::backend::Backend::Auto,
+                tap_probe_observer::bpf::probe::Counting::WATCH,
             ) {
                 Ok(probe) => AutoBackend::Sources(probe.sources().clone()),
                 Err(err) => AutoBackend::Failed {
@@ -369,7 +369,7 @@ fn collect() -> Diagnosis {
         ebpf_object,
         tun,
         attach,
-        fentry_backend: crate::bpf::backend::FENTRY_NOT_OFFERED,
+        fentry_backend: tap_probe_observer::bpf::backend::FENTRY_NOT_OFFERED,
         backend,
         kallsyms: kallsyms_check,
         functions,

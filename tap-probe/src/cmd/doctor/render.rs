@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use super::{AutoBackend, Check, CheckStatus, Diagnosis};
-use crate::kernel::TunBackpressure;
 use crate::output::table::Table;
+use tap_probe_observer::kernel::TunBackpressure;
 
 /// Lays out rows as left-aligned columns.
 fn columns(out: &mut String, indent: &'static str, rows: &[Vec<String>]) {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use anyhow::Result;
 use aya::programs::{BtfTracePoint, FEntry, KProbe, Program, RawTracePoint, TracePoint};
 
-use crate::bpf::object::Object;
+use tap_probe_observer::bpf::object::Object;
 
 use super::{AttachKind, Check, CheckStatus, Trial};
 

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::kernel::{KernelInfo, TunBackpressure};
+use tap_probe_observer::kernel::{KernelInfo, TunBackpressure};
 
 /// Facts fixed for the life of the process.
 #[derive(Clone, Debug)]

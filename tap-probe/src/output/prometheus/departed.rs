@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::host::report::{Report, Row};
+use tap_probe_observer::host::report::{Report, Row};
 
 /// The most departed rows kept at once, whatever the grace: under a storm of short-lived
 /// devices the oldest go first, so the scrape stays bounded.
@@ -77,7 +77,7 @@ mod tests {
         Row {
             ifname: device.to_owned(),
             retired,
-            ..crate::host::report::tests::full_row()
+            ..crate::output::lines::tests::full_row()
         }
     }
 

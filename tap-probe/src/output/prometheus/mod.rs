@@ -21,8 +21,8 @@ pub(crate) use about::About;
 pub(crate) use server::{Exporter, Settings};
 use tap_probe_common::{Kind, METRICS, Metric, Unit};
 
-use crate::bpf::probe::RingOccupancy;
-use crate::host::report::{Report, Row, Value};
+use tap_probe_observer::bpf::probe::RingOccupancy;
+use tap_probe_observer::host::report::{Report, Row, Value};
 
 /// The exposition text of `report` alone, as tests compare it: devices that disappeared
 /// are left out, and nothing is said about the exporter.
@@ -256,7 +256,7 @@ mod tests {
             netns: "vm \"a\"\\b\nc".to_owned(),
             queue,
             owner: None,
-            ..crate::host::report::tests::full_row()
+            ..crate::output::lines::tests::full_row()
         }
     }
 
@@ -311,7 +311,7 @@ mod tests {
     fn series_name_the_process_and_the_vm_holding_the_tap() {
         let mut held = row("vnet3", 0);
         held.netns = "init".to_owned();
-        held.owner = Some(crate::host::discovery::Owner {
+        held.owner = Some(tap_probe_observer::host::discovery::Owner {
             pid: 4242,
             comm: "qemu-system-x86".to_owned(),
             vm: Some("web \"01\"".to_owned()),

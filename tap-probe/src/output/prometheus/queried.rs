@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 
 use super::{About, exposition_with};
-use crate::host::discovery::Owner;
-use crate::host::report::Row;
+use tap_probe_observer::host::discovery::Owner;
+use tap_probe_observer::host::report::Row;
 
 const RULES: &str = include_str!("../../../../deploy/prometheus/tap-probe-rules.yml");
 const RULE_TESTS: &str = include_str!("../../../../deploy/prometheus/tap-probe-rules.test.yml");
@@ -18,14 +18,14 @@ const ADDED_BY_PROMETHEUS: &[&str] = &["instance", "job", "le"];
 /// Every series name and label an exposition can hold: every value known, a tap held by a
 /// named VM, a program that missed runs and kprobe hits, the facts.
 fn served() -> (BTreeSet<String>, BTreeSet<String>) {
-    let mut row: Row = crate::host::report::tests::full_row();
+    let mut row: Row = crate::output::lines::tests::full_row();
     row.owner = Some(Owner {
         pid: 4242,
         comm: "qemu-system-x86".to_owned(),
         vm: Some("web-01".to_owned()),
     });
     let mut report = crate::output::lines::tests::report(1.0, vec![row]);
-    report.missed = vec![crate::bpf::missed::ProgramMissed {
+    report.missed = vec![tap_probe_observer::bpf::missed::ProgramMissed {
         program: "consume_skb".to_owned(),
         runs: 1,
         kprobe: Some(1),

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::About;
 use super::departed::Departed;
-use crate::host::report::Report;
+use tap_probe_observer::host::report::Report;
 
 /// A request head larger than this is refused: a scrape sends a few hundred bytes.
 const MAX_REQUEST: usize = 8 * 1024;

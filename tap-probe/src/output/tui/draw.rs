@@ -10,13 +10,13 @@ use ratatui::text::Line as TextLine;
 use ratatui::widgets::{Block, Clear, Paragraph, Sparkline, Wrap};
 use tap_probe_common::{METRICS, Unit};
 
-use crate::host::report::{Report, Value};
 use crate::output::columns::{COLUMNS, Column};
 use crate::output::compact::{Grid, Mark, Mode, clip, plain};
 use crate::output::legend;
 use crate::output::lines::{DeviceId, Line, lines};
 use crate::output::table::count;
 use crate::output::tui::state::State;
+use tap_probe_observer::host::report::{Report, Value};
 
 /// The keys, as the footer shows them.
 pub(crate) const FOOTER: &str = "↑↓ select  s/S sort  r reverse  enter detail  ? legend  q quit";

@@ -1,5 +1,5 @@
 //! The terminal the full-screen view reads its keys from, read only when `poll` says it has
-//! something, so that the wait for a key is the stop's wait ([`crate::os::signals::Stop::wait`])
+//! something, so that the wait for a key is the stop's wait ([`tap_probe_observer::os::signals::Stop::wait`])
 //! and a terminal that went away is seen as such.
 //!
 //! crossterm's own event reader is not used: on a terminal that hung up, `read` returns 0

@@ -21,10 +21,10 @@ use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use ratatui::crossterm::{cursor, execute, terminal};
 
-use crate::host::report::Report;
-use crate::os::signals::{Resize, Stop, Why, Woke};
 use keyboard::{Input, Keyboard};
 pub(crate) use state::State;
+use tap_probe_observer::host::report::Report;
+use tap_probe_observer::os::signals::{Resize, Stop, Why, Woke};
 
 /// Whether the terminal is in the full-screen view's mode, to be restored.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -100,7 +100,7 @@ pub(crate) fn run(
                         break;
                     }
                     Input::Gone => {
-                        crate::os::signals::end(Why::TerminalGone);
+                        tap_probe_observer::os::signals::end(Why::TerminalGone);
                         return Ok(());
                     }
                 },
@@ -267,7 +267,7 @@ mod tests {
         assert!(text.contains("missed by the kernel: nothing"), "{text}");
         assert!(!text.contains("MAY BE SHORT"), "{text}");
         let mut report = state.report.clone();
-        report.missed = vec![crate::bpf::missed::ProgramMissed {
+        report.missed = vec![tap_probe_observer::bpf::missed::ProgramMissed {
             program: "xmit_entry".to_owned(),
             runs: 2,
             kprobe: Some(3),

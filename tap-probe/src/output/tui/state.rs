@@ -6,10 +6,10 @@ use std::collections::{HashMap, VecDeque};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use tap_probe_common::MetricId;
 
-use crate::host::report::{Report, Value};
 use crate::output::columns::{Column, What};
 use crate::output::compact::{Grid, GridLine, Key, Mode};
 use crate::output::lines::{DeviceId, lines};
+use tap_probe_observer::host::report::{Report, Value};
 
 /// Rates kept per device for the sparklines: more than any window is wide.
 pub(crate) const HISTORY: usize = 512;

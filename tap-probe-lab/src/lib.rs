@@ -1,0 +1,12 @@
+//! The lab: what tap-probe runs on purpose rather than watches. The test rigs (`lab`):
+//! traffic, a tap with a reader playing the VM, slow consumers, programs the kernel skips;
+//! `check`'s specs, scenario runs and reports; `bench`'s runs and its table. All of it
+//! drives the observer (`tap-probe-observer`) below.
+//!
+//! The modules are public; an item in them is `pub` when the binary or the integration
+//! tests use it and `pub(crate)` otherwise, so the compiler still finds dead code. `lab`'s
+//! own re-exports are the integration tests' surface.
+
+pub mod bench;
+pub mod check;
+pub mod lab;
