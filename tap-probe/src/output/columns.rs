@@ -38,6 +38,8 @@ pub(crate) struct Column {
     pub(crate) keep: u8,
     /// Shown when `--columns` is not given.
     pub(crate) default: bool,
+    /// Shown for each queue in the full-screen view's detail of a device with several.
+    pub(crate) per_queue: bool,
 }
 
 /// The `keep` of the columns that every width shows.
@@ -54,6 +56,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "the device; its queues are folded under it when it has several",
         keep: KEEP,
         default: true,
+        per_queue: false,
     },
     Column {
         name: "netns",
@@ -63,6 +66,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "its network namespace (init: the host's own)",
         keep: 2,
         default: true,
+        per_queue: false,
     },
     Column {
         name: "queue",
@@ -72,6 +76,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "the transmit queue (all: the device's sum)",
         keep: 9,
         default: true,
+        per_queue: true,
     },
     Column {
         name: "delivered",
@@ -81,6 +86,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "packets the reader (the VM) took out of the ring",
         keep: KEEP,
         default: true,
+        per_queue: true,
     },
     Column {
         name: "ring-drops",
@@ -90,6 +96,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "packets dropped because the ring was full (tail-drop)",
         keep: KEEP,
         default: true,
+        per_queue: true,
     },
     Column {
         name: "busy",
@@ -99,6 +106,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "NETDEV_TX_BUSY returns: packets handed back to the qdisc",
         keep: 8,
         default: true,
+        per_queue: true,
     },
     Column {
         name: "stopped",
@@ -109,6 +117,7 @@ pub(crate) const COLUMNS: &[Column] = &[
                \"STUCK\" when stopped with no reader take for too long",
         keep: 7,
         default: true,
+        per_queue: true,
     },
     Column {
         name: "backpressure",
@@ -119,6 +128,7 @@ pub(crate) const COLUMNS: &[Column] = &[
                (IFF_BACKPRESSURE)",
         keep: 6,
         default: false,
+        per_queue: false,
     },
     Column {
         name: "occupancy",
@@ -128,6 +138,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "entries in the tap's ring",
         keep: 5,
         default: false,
+        per_queue: false,
     },
     Column {
         name: "xmit",
@@ -137,6 +148,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "calls into the driver's transmit function",
         keep: 1,
         default: false,
+        per_queue: false,
     },
     Column {
         name: "other-drops",
@@ -146,6 +158,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "packets the driver dropped for another reason (reasons below the table)",
         keep: 1,
         default: false,
+        per_queue: false,
     },
     Column {
         name: "sleeps",
@@ -155,6 +168,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "times the reader slept between two packets (each ended by a wake-up)",
         keep: 1,
         default: false,
+        per_queue: false,
     },
     Column {
         name: "kind",
@@ -164,6 +178,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "tun, tap, veth or macvtap",
         keep: 1,
         default: false,
+        per_queue: false,
     },
     Column {
         name: "owner",
@@ -173,6 +188,7 @@ pub(crate) const COLUMNS: &[Column] = &[
         help: "the process that holds the device open (command/pid)",
         keep: 3,
         default: true,
+        per_queue: false,
     },
 ];
 
@@ -192,6 +208,12 @@ impl Column {
 #[must_use]
 pub(crate) fn defaults() -> Vec<&'static Column> {
     COLUMNS.iter().filter(|c| c.default).collect()
+}
+
+/// The columns of the full-screen view's per-queue detail.
+#[must_use]
+pub(crate) fn per_queue() -> Vec<&'static Column> {
+    COLUMNS.iter().filter(|c| c.per_queue).collect()
 }
 
 /// The columns `--columns` chose, in their order.
@@ -252,6 +274,10 @@ mod tests {
             .map(|c| c.name)
             .collect();
         assert_eq!(kept, ["device", "delivered", "ring-drops"]);
+        // A queue's line in the detail names its queue first, and shows what it delivered
+        // and dropped.
+        let detail: Vec<&str> = per_queue().iter().map(|c| c.name).collect();
+        assert_eq!(detail[..3], ["queue", "delivered", "ring-drops"]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use ratatui::text::Line as TextLine;
 use ratatui::widgets::{Block, Clear, Paragraph, Sparkline, Wrap};
 use tap_probe_common::{METRICS, Unit};
 
-use crate::output::columns::{COLUMNS, Column};
+use crate::output::columns;
 use crate::output::compact::{Grid, Mark, Mode, clip, plain};
 use crate::output::legend;
 use crate::output::lines::{DeviceId, Line, lines};
@@ -251,10 +251,7 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
                 .collect(),
             ..r.clone()
         };
-        let columns: Vec<&'static Column> = ["queue", "delivered", "ring-drops", "busy", "stopped"]
-            .iter()
-            .filter_map(|name| COLUMNS.iter().find(|c| c.name == *name))
-            .collect();
+        let columns = columns::per_queue();
         let report = of_device(&state.report);
         let previous = state.previous.as_ref().map(of_device);
         let grid = Grid::new(&report, previous.as_ref(), &columns, Mode::Rates);
