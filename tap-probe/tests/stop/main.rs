@@ -620,11 +620,10 @@ fn vm_takes_its_guest_down_whatever_ends_it() {
     leftovers::subreaper();
     let host = Host::now();
     let cache = tap_probe_guest::cache_dir().unwrap();
-    // Two boots, one after the other (an emulated guest takes a whole CPU): SIGTERM, which
-    // `vm` handles like SIGINT and SIGHUP (one handler for the three, tested with every
-    // other command), and SIGKILL, which it cannot handle: the kernel ends QEMU then (its
+    // One boot per signal, one after the other (an emulated guest takes a whole CPU): the
+    // three `vm` handles, and SIGKILL, which it cannot: the kernel ends QEMU then (its
     // parent-death signal).
-    for signal in [Signal::SIGTERM, Signal::SIGKILL] {
+    for signal in SIGNALS.into_iter().chain([Signal::SIGKILL]) {
         let mut run = Run::start(
             &format!("vm ({signal})"),
             &args(&[
