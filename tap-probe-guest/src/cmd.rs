@@ -31,7 +31,7 @@ pub(crate) fn run(command: &mut Command) -> anyhow::Result<()> {
 
 /// Runs `command` quietly and returns its stdout if it exited zero: for questions whose
 /// answer may be "no" (does apt know this package?).
-pub(crate) fn probe(command: &mut Command) -> Option<String> {
+pub fn probe(command: &mut Command) -> Option<String> {
     let output = command
         .stdin(Stdio::null())
         .stderr(Stdio::null())
@@ -53,7 +53,10 @@ pub(crate) fn display(command: &Command) -> String {
         .join(" ")
 }
 
-fn quote(word: &OsStr) -> String {
+/// `word` as a shell reads it: bare when it holds only characters a shell takes as they
+/// are, single-quoted otherwise.
+#[must_use]
+pub fn quote(word: &OsStr) -> String {
     let word = word.to_string_lossy();
     let plain = !word.is_empty()
         && word

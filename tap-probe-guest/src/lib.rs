@@ -14,6 +14,7 @@
 //! boots.
 
 pub mod apt;
+pub mod cmd;
 pub mod console;
 pub mod elf;
 pub mod image;
@@ -21,7 +22,6 @@ pub mod kernel;
 pub mod launch;
 pub mod qemu;
 
-mod cmd;
 mod initramfs;
 mod owned;
 

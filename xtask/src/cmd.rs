@@ -8,6 +8,9 @@ use std::sync::LazyLock;
 
 use anyhow::{Context as _, bail};
 
+pub(crate) use tap_probe_guest::cmd::probe;
+use tap_probe_guest::cmd::quote;
+
 /// The workspace root (the parent of `xtask/`). `cargo run` names the manifest's directory
 /// at run time; the one compiled in is only a fallback, because cargo may reuse a binary
 /// built from another checkout that shares the target directory.
@@ -130,20 +133,6 @@ pub(crate) fn run_collecting(command: &mut Command) -> anyhow::Result<Vec<String
     Ok(lines)
 }
 
-/// Runs `command` quietly and returns its stdout if it ran and exited zero. For probing
-/// the machine (is X installed?), where failure is an answer, not an error.
-pub(crate) fn probe(command: &mut Command) -> Option<String> {
-    let output = command
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
 /// Runs a cargo build `command` (`build`, `test --no-run`) and returns the artifacts it
 /// reports (compiler diagnostics still reach the terminal).
 ///
@@ -198,19 +187,6 @@ pub(crate) fn display(command: &Command) -> String {
     });
     let words = std::iter::once(quote(command.get_program())).chain(command.get_args().map(quote));
     envs.chain(words).collect::<Vec<_>>().join(" ")
-}
-
-fn quote(word: &OsStr) -> String {
-    let word = word.to_string_lossy();
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
-    if plain {
-        word.into_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 /// Whether this process runs as root.
