@@ -551,37 +551,77 @@ mod tests {
 
     use super::*;
 
-    /// Runs a shell script in QEMU's place (it ignores QEMU's arguments) and returns the
-    /// outcome and how long supervision took.
+    /// A shell script in QEMU's place (it ignores QEMU's arguments) and where its console
+    /// log goes, in a directory of their own that goes with them.
+    struct FakeQemu {
+        /// Removed with the script and the log when this is dropped.
+        _dir: tempfile::TempDir,
+        program: PathBuf,
+        log: PathBuf,
+    }
+
+    impl FakeQemu {
+        fn new(script: &str) -> Self {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let program = dir.path().join("fake-qemu");
+            std::fs::write(&program, format!("#!/bin/sh\n{script}\n")).expect("writing the script");
+            std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            let log = dir.path().join("console.log");
+            Self {
+                _dir: dir,
+                program,
+                log,
+            }
+        }
+
+        /// A run of the script that must reach a verdict within `timeout`, each line it
+        /// says passed to `echo`: the kernel and initrd named to it are none (it boots
+        /// nothing).
+        fn config<'a>(&'a self, timeout: Duration, echo: &'a mut dyn FnMut(&str)) -> Config<'a> {
+            Config {
+                program: &self.program,
+                kernel: Path::new("/nonexistent/vmlinuz"),
+                initrd: Path::new("/nonexistent/initrd"),
+                append: "",
+                cpus: 1,
+                memory_mib: 64,
+                timeout,
+                echo,
+                log: &self.log,
+                serials: Vec::new(),
+            }
+        }
+    }
+
+    /// Runs a shell script in QEMU's place and returns the outcome and how long supervision
+    /// took.
     fn supervise(script: &str, boot_deadline: Duration) -> (Outcome, Duration) {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let fake = dir.path().join("fake-qemu");
-        std::fs::write(&fake, format!("#!/bin/sh\n{script}\n")).expect("writing the script");
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let log = dir.path().join("console.log");
+        let qemu = FakeQemu::new(script);
         let mut echo = |_: &str| {};
-        let mut config = Config {
-            program: &fake,
-            kernel: Path::new("/nonexistent/vmlinuz"),
-            initrd: Path::new("/nonexistent/initrd"),
-            append: "",
-            cpus: 1,
-            memory_mib: 64,
-            timeout: Duration::from_mins(1),
-            echo: &mut echo,
-            log: &log,
-            serials: Vec::new(),
-        };
+        let mut config = qemu.config(Duration::from_mins(1), &mut echo);
         let started = Instant::now();
         let machine = Machine {
             boot_deadline,
             ..Machine::of(Accel::Kvm)
         };
         let outcome = run(&mut config, &machine, None).expect("the fake QEMU runs");
-        let logged = std::fs::read_to_string(&log).expect("the log");
+        let logged = std::fs::read_to_string(&qemu.log).expect("the log");
         assert_eq!(logged.lines().count(), outcome.lines.len());
         (outcome, started.elapsed())
     }
+
+    /// The guest did not boot, and the verdict says `reason`.
+    fn assert_no_boot(outcome: &Outcome, reason: &str) {
+        assert!(
+            matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains(reason)),
+            "{:?}",
+            outcome.verdict
+        );
+    }
+
+    /// A guest whose init has started and that then says nothing more.
+    const BOOTED_AND_HANGS: &str = "echo 'init: started'\nexec sleep 600";
 
     #[test]
     fn a_kvm_error_ends_a_paused_guest_at_once() {
@@ -610,11 +650,7 @@ mod tests {
             "echo 'Probing EDD (edd=off to disable)... ok'\nexec sleep 600",
             Duration::from_secs(1),
         );
-        assert!(
-            matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains("within 1 s")),
-            "{:?}",
-            outcome.verdict
-        );
+        assert_no_boot(&outcome, "within 1 s");
         assert!(took < Duration::from_secs(20), "took {took:?}");
         assert_eq!(outcome.boot, None);
     }
@@ -632,25 +668,9 @@ mod tests {
 
     #[test]
     fn a_guest_that_booted_and_hangs_is_bounded_by_the_timeout_not_the_boot_deadline() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let fake = dir.path().join("fake-qemu");
-        std::fs::write(&fake, "#!/bin/sh\necho 'init: started'\nexec sleep 600\n")
-            .expect("writing the script");
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let log = dir.path().join("console.log");
+        let qemu = FakeQemu::new(BOOTED_AND_HANGS);
         let mut echo = |_: &str| {};
-        let mut config = Config {
-            program: &fake,
-            kernel: Path::new("/nonexistent"),
-            initrd: Path::new("/nonexistent"),
-            append: "",
-            cpus: 1,
-            memory_mib: 64,
-            timeout: Duration::from_secs(2),
-            echo: &mut echo,
-            log: &log,
-            serials: Vec::new(),
-        };
+        let mut config = qemu.config(Duration::from_secs(2), &mut echo);
         let machine = Machine {
             boot_deadline: Duration::from_millis(200),
             ..Machine::of(Accel::Tcg)
@@ -661,12 +681,7 @@ mod tests {
 
     #[test]
     fn a_stop_from_the_host_kills_a_running_guest_and_keeps_what_it_said() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let fake = dir.path().join("fake-qemu");
-        std::fs::write(&fake, "#!/bin/sh\necho 'init: started'\nexec sleep 600\n")
-            .expect("writing the script");
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let log = dir.path().join("console.log");
+        let qemu = FakeQemu::new(BOOTED_AND_HANGS);
         let stop = Arc::new(AtomicBool::new(false));
         let mut echo = {
             let stop = Arc::clone(&stop);
@@ -677,18 +692,7 @@ mod tests {
                 }
             }
         };
-        let mut config = Config {
-            program: &fake,
-            kernel: Path::new("/nonexistent"),
-            initrd: Path::new("/nonexistent"),
-            append: "",
-            cpus: 1,
-            memory_mib: 64,
-            timeout: Duration::from_mins(10),
-            echo: &mut echo,
-            log: &log,
-            serials: Vec::new(),
-        };
+        let mut config = qemu.config(Duration::from_mins(10), &mut echo);
         let started = Instant::now();
         let outcome = run(&mut config, &Machine::of(Accel::Tcg), Some(&stop)).expect("runs");
         assert_eq!(outcome.verdict, Verdict::Interrupted);
@@ -706,11 +710,7 @@ mod tests {
             "echo 'qemu-system-x86_64: unable to find CPU model' >&2\nexit 1",
             Duration::from_secs(30),
         );
-        assert!(
-            matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains("before the init")),
-            "{:?}",
-            outcome.verdict
-        );
+        assert_no_boot(&outcome, "before the init");
     }
 
     #[test]
@@ -718,10 +718,6 @@ mod tests {
         // The pipes close when the process starts to exit, a little before it can be
         // reaped; here that little is made long enough to see.
         let (outcome, _) = supervise("exec >&- 2>&-\nsleep 0.5\nexit 1", Duration::from_secs(30));
-        assert!(
-            matches!(&outcome.verdict, Verdict::NoBoot(why) if why.contains("exit status: 1")),
-            "{:?}",
-            outcome.verdict
-        );
+        assert_no_boot(&outcome, "exit status: 1");
     }
 }

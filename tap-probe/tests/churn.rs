@@ -13,9 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tap_probe_lab::lab::{
-    Drive, ReaderConfig, RootQdisc, Rtnl, SenderConfig, Tap, TapOptions, run_in,
-};
+use tap_probe_lab::lab::{RootQdisc, Rtnl, Tap, TapOptions, run_in};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 /// Rounds of churn: each fills a namespace with taps and veths and deletes it.
@@ -147,24 +145,7 @@ fn survivor_counted_exactly(
     survivor: &Tap,
     scrape_ok: &dyn Fn() -> String,
 ) -> String {
-    let driven = Drive {
-        netns: keep.path(),
-        tap: survivor,
-        sender: SenderConfig {
-            batch: 1,
-            pps: Some(5_000),
-            ..SenderConfig::new(0, FRAMES.into(), Duration::from_secs(20))
-        },
-        reader: ReaderConfig {
-            pps: None,
-            deadline: Duration::from_secs(30),
-            max_packets: Some(FRAMES.into()),
-        },
-        queues: 1,
-        linger: Duration::ZERO,
-    }
-    .run()
-    .unwrap();
+    let driven = common::paced_and_read(keep.path(), survivor, FRAMES.into());
     let sent = driven.sent.sent;
     assert_eq!(sent, u64::from(FRAMES), "{:?}", driven.sent);
     // Under emulation the churn's namespaces are still being torn down in the background,

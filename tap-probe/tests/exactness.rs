@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tap_probe_lab::lab::Filter;
 use tap_probe_lab::lab::run_in;
-use tap_probe_lab::lab::{self, Drive, ReaderConfig, SenderConfig};
+use tap_probe_lab::lab::{self, SenderConfig};
 use tap_probe_lab::lab::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_lab::lab::{Row, SendReport, TapOptions};
 
@@ -80,25 +80,7 @@ fn tap_with_slow_reader(setup: Setup) {
     // noqueue has no counters of its own.
     let qdisc_before = (setup.qdisc != RootQdisc::Noqueue).then(qdisc_stats);
 
-    let sent = Drive {
-        netns: ns.path(),
-        tap: &tap,
-        // One frame per sendmsg, so every drop the stack reports is the sender's.
-        sender: SenderConfig {
-            batch: 1,
-            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
-        },
-        reader: ReaderConfig {
-            pps: Some(4_000),
-            deadline: Duration::from_secs(30),
-            max_packets: None,
-        },
-        queues: 1,
-        linger: Duration::ZERO,
-    }
-    .run()
-    .unwrap()
-    .sent;
+    let sent = common::flood_slow_reader(ns.path(), &tap, FRAMES, Duration::ZERO);
     let qdisc = qdisc_before.map(|before| delta(&before, &qdisc_stats()));
     eprintln!("sent {sent:?}\nqdisc {qdisc:?}");
     assert_eq!(sent.attempted, FRAMES, "{sent:?}");

@@ -25,18 +25,21 @@ const FRAMES: u64 = 20_000;
 /// The reader's rate: far below what the sender manages, so the ring fills at once.
 const READER_PPS: u64 = 2_000;
 
-/// The kernel's `tx_packets` and `tx_dropped` of `dev` in `ns`, read by iproute2.
-fn ip_stats(ns: &NamedNetns, dev: &str) -> (u64, u64) {
-    let out = Command::new("ip")
-        .args(["-n", ns.name(), "-s", "-j", "link", "show", "dev", dev])
-        .output()
-        .unwrap();
+/// What `ip` with `args` prints, parsed: the args ask for JSON (`-j`, to `ip` or the command
+/// it runs).
+fn ip_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new("ip").args(args).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The kernel's `tx_packets` and `tx_dropped` of `dev` in `ns`, read by iproute2.
+fn ip_stats(ns: &NamedNetns, dev: &str) -> (u64, u64) {
+    let links = ip_json(&["-n", ns.name(), "-s", "-j", "link", "show", "dev", dev]);
     let tx = &links[0]["stats64"]["tx"];
     (
         tx["packets"].as_u64().unwrap(),
@@ -46,27 +49,18 @@ fn ip_stats(ns: &NamedNetns, dev: &str) -> (u64, u64) {
 
 /// The root qdisc's `packets`, `requeues` and `qlen` of `dev` in `ns`, read by `tc`.
 fn tc_stats(ns: &NamedNetns, dev: &str) -> (u64, u64, u64) {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns.name(),
-            "tc",
-            "-s",
-            "-j",
-            "qdisc",
-            "show",
-            "dev",
-            dev,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let qdiscs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let qdiscs = ip_json(&[
+        "netns",
+        "exec",
+        ns.name(),
+        "tc",
+        "-s",
+        "-j",
+        "qdisc",
+        "show",
+        "dev",
+        dev,
+    ]);
     let root = qdiscs
         .as_array()
         .unwrap()

@@ -17,8 +17,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tap_probe_common::{EventKind, WakeClass};
+use tap_probe_lab::lab::SenderConfig;
 use tap_probe_lab::lab::{Discovery, Filter};
-use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe_lab::lab::{RootQdisc, Rtnl, Tap, TapOptions, TunBackpressure, run_in};
 use tap_probe_replay::policy::Policy;
 use tap_probe_replay::ring::X86_64_BATCH;
@@ -50,38 +50,12 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("run.trace");
 
-    let (mut recorder, pump) = start_recorder(&trace, DEV, ns.name());
+    let (recorder, pump) = start_recorder(&trace, DEV, ns.name());
 
-    let sent = Drive {
-        netns: ns.path(),
-        tap: &tap,
-        sender: SenderConfig {
-            batch: 1,
-            ..SenderConfig::new(0, FRAMES, Duration::from_secs(20))
-        },
-        reader: ReaderConfig {
-            pps: Some(4_000),
-            deadline: Duration::from_secs(30),
-            max_packets: None,
-        },
-        queues: 1,
-        // Let the reader work on a full ring for a while after the burst.
-        linger: Duration::from_millis(300),
-    }
-    .run()
-    .unwrap()
-    .sent;
-    std::thread::sleep(Duration::from_millis(100));
+    // The reader works on a full ring for a while after the burst.
+    let sent = common::flood_slow_reader(ns.path(), &tap, FRAMES, Duration::from_millis(300));
 
-    // SIGINT: the recorder completes the file and ends with it.
-    let child = nix::unistd::Pid::from_raw(i32::try_from(recorder.id()).unwrap());
-    nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGINT).unwrap();
-    let exit = recorder.wait().unwrap();
-    let log = pump.join().unwrap();
-    assert!(
-        common::stopped_by(exit, nix::sys::signal::Signal::SIGINT),
-        "record failed: {exit}\n{log}"
-    );
+    let log = stop_recorder(recorder, pump);
     let (after, tx_queue_len) = stats();
     let tx_dropped = after.tx_dropped - before.tx_dropped;
     let tx_packets = after.tx_packets - before.tx_packets;
@@ -179,6 +153,25 @@ fn start_recorder(
     (recorder, pump)
 }
 
+/// Stops a recorder from [`start_recorder`] a moment after the traffic, for its last events
+/// to reach it, with SIGINT: it completes the file and ends with that signal. Everything it
+/// printed.
+fn stop_recorder(
+    mut recorder: std::process::Child,
+    pump: std::thread::JoinHandle<String>,
+) -> String {
+    std::thread::sleep(Duration::from_millis(100));
+    let child = nix::unistd::Pid::from_raw(i32::try_from(recorder.id()).unwrap());
+    nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGINT).unwrap();
+    let exit = recorder.wait().unwrap();
+    let log = pump.join().unwrap();
+    assert!(
+        common::stopped_by(exit, nix::sys::signal::Signal::SIGINT),
+        "record failed: {exit}\n{log}"
+    );
+    log
+}
+
 /// The workload both runs of the fix's test get: a sender at twice the reader's pace into a
 /// small ring, so the fix stops and wakes the queue many times.
 const FIX_RING: u32 = 100;
@@ -210,7 +203,7 @@ fn recorded_run(dev: &str, qdisc: RootQdisc, flag: bool) -> (Recording, u64, u64
     let before = qdisc_stats().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("run.trace");
-    let (mut recorder, pump) = start_recorder(&trace, dev, ns.name());
+    let (recorder, pump) = start_recorder(&trace, dev, ns.name());
     let sender = SenderConfig {
         batch: 1,
         pps: Some(FIX_SENDER_PPS),
@@ -230,15 +223,7 @@ fn recorded_run(dev: &str, qdisc: RootQdisc, flag: bool) -> (Recording, u64, u64
         (sent, reader.join().unwrap())
     });
     let sending_ended = started + u64::try_from(sent.elapsed.as_nanos()).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    let child = nix::unistd::Pid::from_raw(i32::try_from(recorder.id()).unwrap());
-    nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGINT).unwrap();
-    let exit = recorder.wait().unwrap();
-    let log = pump.join().unwrap();
-    assert!(
-        common::stopped_by(exit, nix::sys::signal::Signal::SIGINT),
-        "record failed: {exit}\n{log}"
-    );
+    let log = stop_recorder(recorder, pump);
     let after = qdisc_stats().unwrap();
     eprintln!(
         "{dev}: {qdisc:?} flag {flag}: sent {sent:?}, read {}\nqdisc {after:?}\n{log}",

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::service::{Service, left_behind, programs, sample};
-use tap_probe_lab::lab::{Backend, Drive, ReaderConfig, RootQdisc, SenderConfig};
+use tap_probe_lab::lab::{Backend, RootQdisc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const UNIT: &str = include_str!("../../deploy/systemd/tap-probe.service");
@@ -273,24 +273,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let driven = Drive {
-        netns: ns.path(),
-        tap: &tap,
-        sender: SenderConfig {
-            batch: 1,
-            pps: Some(5_000),
-            ..SenderConfig::new(0, FRAMES.into(), Duration::from_secs(20))
-        },
-        reader: ReaderConfig {
-            pps: None,
-            deadline: Duration::from_secs(30),
-            max_packets: Some(FRAMES.into()),
-        },
-        queues: 1,
-        linger: Duration::ZERO,
-    }
-    .run()
-    .unwrap();
+    let driven = common::paced_and_read(ns.path(), &tap, FRAMES.into());
     assert_eq!(driven.read[0].packets, u64::from(FRAMES), "{driven:?}");
     // Once serve has read the kernel's count of every frame, every later refresh reads the
     // probes' count of them all: the reader had taken the last frame before the drive ended.

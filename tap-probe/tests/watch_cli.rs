@@ -365,24 +365,7 @@ fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
 
 /// Sends `frames` frames through `tap` from inside `ns` while a reader takes them all.
 fn send_and_read(ns: &tap_probe_lab::lab::NamedNetns, tap: &tap_probe_lab::lab::Tap, frames: u64) {
-    let driven = tap_probe_lab::lab::Drive {
-        netns: ns.path(),
-        tap,
-        sender: tap_probe_lab::lab::SenderConfig {
-            batch: 1,
-            pps: Some(5_000),
-            ..tap_probe_lab::lab::SenderConfig::new(0, frames, Duration::from_secs(10))
-        },
-        reader: tap_probe_lab::lab::ReaderConfig {
-            pps: None,
-            deadline: Duration::from_secs(20),
-            max_packets: Some(frames),
-        },
-        queues: 1,
-        linger: Duration::ZERO,
-    }
-    .run()
-    .unwrap();
+    let driven = common::paced_and_read(ns.path(), tap, frames);
     assert_eq!(driven.sent.sent, frames, "{:?}", driven.sent);
     assert_eq!(driven.read[0].packets, frames);
 }

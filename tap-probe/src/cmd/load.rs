@@ -126,16 +126,31 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     check_capabilities()?;
     let stop = Stop::install()?;
     let report = run_load_with_stop(&cfg, &stop.flag())?;
-    crate::output::stdout(&match args.format {
-        Format::Json => serde_json::to_string(&report)? + "\n",
-        Format::Table => crate::output::table::name_values(report.fields()),
-    })?;
-    if report.interrupted {
-        bail!(
+    let cut_short = report.interrupted.then(|| {
+        format!(
             "the load was cut short after {:.1} s of traffic: the report above covers it \
              (`interrupted` in JSON); the namespace and the tap were removed",
             report.elapsed_secs
-        );
+        )
+    });
+    print_report(args.format, &report, report.fields(), cut_short)
+}
+
+/// Writes a load's report to stdout in `format`: the report itself as JSON, or its
+/// `fields` as a table. A load that was interrupted then fails with `cut_short`, after
+/// its report, so that the exit status says the traffic was not all sent.
+fn print_report(
+    format: Format,
+    report: &impl serde::Serialize,
+    fields: Vec<(&'static str, String)>,
+    cut_short: Option<String>,
+) -> Result<()> {
+    crate::output::stdout(&match format {
+        Format::Json => serde_json::to_string(report)? + "\n",
+        Format::Table => crate::output::table::name_values(fields),
+    })?;
+    if let Some(why) = cut_short {
+        bail!(why);
     }
     Ok(())
 }
@@ -189,17 +204,12 @@ fn run_veth(args: &Args) -> Result<()> {
     check_capabilities()?;
     let stop = Stop::install()?;
     let report = run_veth_load(&cfg, &stop.flag())?;
-    crate::output::stdout(&match args.format {
-        Format::Json => serde_json::to_string(&report)? + "\n",
-        Format::Table => crate::output::table::name_values(report.fields()),
-    })?;
-    if report.interrupted {
-        bail!(
-            "the load was cut short: the report above covers the traffic until then \
-             (`interrupted` in JSON); the namespaces and the veth pair were removed"
-        );
-    }
-    Ok(())
+    let cut_short = report.interrupted.then(|| {
+        "the load was cut short: the report above covers the traffic until then \
+         (`interrupted` in JSON); the namespaces and the veth pair were removed"
+            .to_owned()
+    });
+    print_report(args.format, &report, report.fields(), cut_short)
 }
 
 /// `load` needs `CAP_SYS_ADMIN` (namespaces, mounts), `CAP_NET_ADMIN` (tap, links, qdiscs)

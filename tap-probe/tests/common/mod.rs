@@ -8,11 +8,14 @@
 pub(crate) mod running;
 pub(crate) mod service;
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use tap_probe_common::{Kind, METRICS, Requires, Unit};
 use tap_probe_lab::lab::{Backend, Row, Value, Watcher};
+use tap_probe_lab::lab::{Drive, Driven, ReaderConfig, SendReport, SenderConfig};
 use tap_probe_lab::lab::{KernelInfo, TunBackpressure};
 use tap_probe_lab::lab::{NamedNetns, run_in};
 use tap_probe_lab::lab::{RootQdisc, Rtnl};
@@ -85,6 +88,60 @@ pub(crate) fn has_qdisc(qdisc: RootQdisc) -> bool {
             false
         }
     }
+}
+
+/// Sends `frames` frames through `tap` from inside `netns`, one a sendmsg at 5,000 a
+/// second, slow enough for a reader to keep up with, while a reader at full speed takes
+/// them until it has them all (or its deadline passes).
+pub(crate) fn paced_and_read(netns: &Path, tap: &Tap, frames: u64) -> Driven {
+    Drive {
+        netns,
+        tap,
+        sender: SenderConfig {
+            batch: 1,
+            pps: Some(5_000),
+            ..SenderConfig::new(0, frames, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: None,
+            deadline: Duration::from_secs(30),
+            max_packets: Some(frames),
+        },
+        queues: 1,
+        linger: Duration::ZERO,
+    }
+    .run()
+    .unwrap()
+}
+
+/// Sends `frames` frames through `tap` from inside `netns` as fast as it can, one a
+/// sendmsg so that every drop the stack reports is the sender's, while a reader takes 4,000
+/// a second, far fewer: the ring fills. The reader goes on for `linger` after the sender is
+/// done. What the sender did.
+pub(crate) fn flood_slow_reader(
+    netns: &Path,
+    tap: &Tap,
+    frames: u64,
+    linger: Duration,
+) -> SendReport {
+    Drive {
+        netns,
+        tap,
+        sender: SenderConfig {
+            batch: 1,
+            ..SenderConfig::new(0, frames, Duration::from_secs(20))
+        },
+        reader: ReaderConfig {
+            pps: Some(4_000),
+            deadline: Duration::from_secs(30),
+            max_packets: None,
+        },
+        queues: 1,
+        linger,
+    }
+    .run()
+    .unwrap()
+    .sent
 }
 
 /// The kernel's facts, read as `watch` reads them.

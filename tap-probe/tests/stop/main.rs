@@ -25,6 +25,16 @@ use common::stopped_by;
 use leftovers::{Held, Host};
 use run::{Io, Run, Start};
 
+/// How the tests here begin: without root, nothing (the test returns); with it, the test
+/// process made the subreaper of everything it starts, and the host as it was before.
+fn host_before_as_root() -> Option<Host> {
+    if !tap_probe_lab::lab::root() {
+        return None;
+    }
+    leftovers::subreaper();
+    Some(Host::now())
+}
+
 /// How soon a run must end once told to: the bound the users were promised, for a run
 /// under load on a real CPU (scaled where the CPU is emulated).
 fn promptly() -> Duration {
@@ -85,9 +95,30 @@ fn start_load(name: &str) -> Run {
     )
 }
 
+/// [`start_load`], once the load is under way (its namespace made); that namespace.
+fn load_under_way(name: &str) -> (Run, String) {
+    let load = start_load(name);
+    let netns = netns_of(&load);
+    wait_until(under_way(), "the load's namespace", || netns_exists(&netns));
+    (load, netns)
+}
+
 /// The namespace a run of `load`, `demo` or `check` makes (its first).
 fn netns_of(run: &Run) -> String {
     format!("tap-probe-load-{}", run.pid())
+}
+
+/// Waits for `run` to end, within [`promptly`], and checks that `signal` ended it; how long
+/// it took.
+fn ends_promptly_by(run: &mut Run, signal: Signal) -> Duration {
+    let (status, took) = run.exit_within(promptly());
+    assert!(
+        stopped_by(status, signal),
+        "{}: {status:?}\n{}",
+        run.name,
+        run.said()
+    );
+    took
 }
 
 /// Waits, bounded, until `done` holds.
@@ -151,8 +182,7 @@ fn stop_load(mut load: Run, signal: Signal) {
     let netns = netns_of(&load);
     let held = Held::of(load.pid());
     load.signal(signal);
-    let (status, took) = load.exit_within(promptly());
-    assert!(stopped_by(status, signal), "{status:?}\n{}", load.said());
+    let took = ends_promptly_by(&mut load, signal);
     let report = json_lines(&load.output())
         .pop()
         .unwrap_or_else(|| panic!("{}", load.said()));
@@ -165,14 +195,10 @@ fn stop_load(mut load: Run, signal: Signal) {
 
 #[test]
 fn every_view_ends_within_2s_when_its_terminal_closes_under_load() {
-    if !tap_probe_lab::lab::root() {
+    let Some(host) = host_before_as_root() else {
         return;
-    }
-    leftovers::subreaper();
-    let host = Host::now();
-    let load = start_load("load");
-    let netns = netns_of(&load);
-    wait_until(under_way(), "the load's namespace", || netns_exists(&netns));
+    };
+    let (load, netns) = load_under_way("load");
     // The terminal is no controlling terminal of these: nothing sends them SIGHUP, only
     // reads and writes tell them it went away. The last one leads a session on it, as a
     // shell's job in a terminal window does, and gets SIGHUP from the kernel too.
@@ -198,13 +224,8 @@ fn every_view_ends_within_2s_when_its_terminal_closes_under_load() {
         run.hang_up();
     }
     for (run, held) in runs.iter_mut().zip(&held) {
-        let (status, took) = run.exit_within(promptly());
         // A terminal gone ends the run as the SIGHUP it is.
-        assert!(
-            stopped_by(status, Signal::SIGHUP),
-            "{}: {status:?}",
-            run.name
-        );
+        let took = ends_promptly_by(run, Signal::SIGHUP);
         held.assert_gone(&run.name);
         eprintln!("{} ended {took:?} after its terminal closed", run.name);
     }
@@ -215,14 +236,10 @@ fn every_view_ends_within_2s_when_its_terminal_closes_under_load() {
 
 #[test]
 fn every_view_stops_in_order_on_sigint_sigterm_and_sighup() {
-    if !tap_probe_lab::lab::root() {
+    let Some(host) = host_before_as_root() else {
         return;
-    }
-    leftovers::subreaper();
-    let host = Host::now();
-    let load = start_load("load");
-    let netns = netns_of(&load);
-    wait_until(under_way(), "the load's namespace", || netns_exists(&netns));
+    };
+    let (load, netns) = load_under_way("load");
     for signal in SIGNALS {
         let mut runs: Vec<Run> = VIEWS
             .iter()
@@ -240,13 +257,7 @@ fn every_view_stops_in_order_on_sigint_sigterm_and_sighup() {
             run.signal(signal);
         }
         for ((run, held), (view, _)) in runs.iter_mut().zip(&held).zip(VIEWS) {
-            let (status, took) = run.exit_within(promptly());
-            assert!(
-                stopped_by(status, signal),
-                "{}: {status:?}\n{}",
-                run.name,
-                run.said()
-            );
+            let took = ends_promptly_by(run, signal);
             // The terminal lives on (SIGHUP from `kill`): the run ends what it writes there.
             let out = run.output();
             match view {
@@ -438,11 +449,9 @@ impl Commands {
 
 #[test]
 fn record_load_demo_and_check_stop_in_order_on_each_signal() {
-    if !tap_probe_lab::lab::root() {
+    let Some(host) = host_before_as_root() else {
         return;
-    }
-    leftovers::subreaper();
-    let host = Host::now();
+    };
     let dir = tempfile::tempdir().unwrap();
     let (pps, reader_pps) = rates();
     let spec = dir.path().join("lab.toml");
@@ -452,9 +461,7 @@ fn record_load_demo_and_check_stop_in_order_on_each_signal() {
     )
     .unwrap();
     // What `record` records.
-    let traffic = start_load("traffic");
-    let netns = netns_of(&traffic);
-    wait_until(under_way(), "the load's namespace", || netns_exists(&netns));
+    let (traffic, netns) = load_under_way("traffic");
     for signal in SIGNALS {
         let mut commands = Commands::start(signal, dir.path(), spec.to_str().unwrap(), &netns);
         commands.under_way();
@@ -472,13 +479,7 @@ fn record_load_demo_and_check_stop_in_order_on_each_signal() {
             run.signal(signal);
         }
         for (run, held) in commands.all().into_iter().zip(&held) {
-            let (status, took) = run.exit_within(promptly());
-            assert!(
-                stopped_by(status, signal),
-                "{}: {status:?}\n{}",
-                run.name,
-                run.said()
-            );
+            let took = ends_promptly_by(run, signal);
             assert!(!run.errors().contains("panicked"), "{}", run.said());
             held.assert_gone(&run.name);
             eprintln!("{} ended {took:?} after {signal}", run.name);
@@ -510,11 +511,9 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn with_stdin_at_end_of_file_from_the_start_nothing_spins_and_nohup_holds() {
-    if !tap_probe_lab::lab::root() {
+    let Some(host) = host_before_as_root() else {
         return;
-    }
-    leftovers::subreaper();
-    let host = Host::now();
+    };
     let quiet = &["--wait", "--dev", "tp-none0"];
     // As under systemd, and nohup (SIGHUP ignored): stdin at end of file, pipes out.
     let mut watch = Run::start(
@@ -563,12 +562,7 @@ fn with_stdin_at_end_of_file_from_the_start_nothing_spins_and_nohup_holds() {
         watch.said()
     );
     watch.signal(Signal::SIGTERM);
-    let (status, _) = watch.exit_within(promptly());
-    assert!(
-        stopped_by(status, Signal::SIGTERM),
-        "{status:?}\n{}",
-        watch.said()
-    );
+    ends_promptly_by(&mut watch, Signal::SIGTERM);
     assert_eq!(json_lines(&watch.output()).pop().unwrap()["final"], true);
     held.assert_gone(&watch.name);
 
