@@ -655,13 +655,7 @@ fn vm_takes_its_guest_down_whatever_ends_it() {
         assert!(work.exists(), "{}", work.display());
         let refreshes = json_lines(&run.output()).len();
         run.signal(signal);
-        let (status, took) = run.exit_within(promptly());
-        assert!(
-            stopped_by(status, signal),
-            "{}: {status:?}\n{}",
-            run.name,
-            run.said()
-        );
+        let took = ends_promptly_by(&mut run, signal);
         // QEMU, and anything else it ran, is gone; what the guest said is not.
         held.assert_gone(&run.name);
         assert!(
