@@ -70,7 +70,7 @@ fn raise_open_files() {
 /// Starts `watch --prometheus` on the namespaces matching `netns_glob`, and waits for the
 /// address it serves on. The thread returns everything it printed on stderr.
 fn start_watch(netns_glob: &str) -> (ChildGuard, String, std::thread::JoinHandle<String>) {
-    let mut child = Command::new(BIN)
+    let mut child = common::stoppable(&mut Command::new(BIN))
         .args(["watch", "--netns", netns_glob, "--interval", "0.2"])
         .args(["--prometheus", "127.0.0.1:0"])
         .stdout(Stdio::null())

@@ -207,7 +207,7 @@ struct Load(Option<Child>);
 
 impl Load {
     fn start(args: &[&str]) -> Self {
-        let child = Command::new(BIN)
+        let child = common::stoppable(&mut Command::new(BIN))
             .arg("load")
             .args(args)
             .args(["--start-delay", START_DELAY, "--duration", LOAD_SECS])

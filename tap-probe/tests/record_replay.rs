@@ -121,7 +121,7 @@ fn start_recorder(
     dev: &str,
     netns: &str,
 ) -> (std::process::Child, std::thread::JoinHandle<String>) {
-    let mut recorder = Command::new(env!("CARGO_BIN_EXE_tap-probe"))
+    let mut recorder = common::stoppable(&mut Command::new(env!("CARGO_BIN_EXE_tap-probe")))
         .args(["record", "-o"])
         .arg(trace)
         .args(["--dev", dev, "--netns", netns, "--duration", "120"])

@@ -44,7 +44,7 @@ struct Recorder {
 /// Starts `tap-probe record` on `dev` in `netns`, writing `trace`, with `extra` arguments,
 /// and waits until it has attached ("recording ..." on stderr).
 fn start_recorder(trace: &Path, netns: &str, dev: &str, extra: &[&str]) -> Recorder {
-    let mut child = Command::new(BIN)
+    let mut child = common::stoppable(&mut Command::new(BIN))
         .args(["record", "-o"])
         .arg(trace)
         .args(["--dev", dev, "--netns", netns])
@@ -405,7 +405,7 @@ impl SmallDisk {
                 Ok(())
             });
         }
-        Self(cmd.spawn().unwrap())
+        Self(common::stoppable(&mut cmd).spawn().unwrap())
     }
 
     /// `path` as the holder sees it.

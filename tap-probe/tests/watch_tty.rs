@@ -28,7 +28,11 @@ struct ChildGuard(Option<Child>);
 
 impl ChildGuard {
     fn spawn(command: &mut Command) -> Self {
-        Self(Some(command.spawn().expect("tap-probe starts")))
+        Self(Some(
+            common::stoppable(command)
+                .spawn()
+                .expect("tap-probe starts"),
+        ))
     }
 
     fn pid(&self) -> Pid {

@@ -336,6 +336,24 @@ pub(crate) fn assert_backends_agree(
     }
 }
 
+/// Has `command` start with SIGINT and SIGTERM at their default actions, as a shell starts a
+/// command in the foreground. A test runner started as a background job (the shell ignores
+/// SIGINT there) or under nohup passes its ignored signals on, and tap-probe keeps a signal
+/// that was ignored at its start ignored (what nohup asks for): a test that stops a run with
+/// one of them must not depend on how the runner was started.
+pub(crate) fn stoppable(command: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: between fork and exec only signal(2), which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGTERM] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Whether `status` is the end of a run that `signal` stopped in order: tap-probe undoes
 /// what it made, finishes what it writes, then ends with that signal, so that its wait
 /// status says why.

@@ -35,7 +35,7 @@ pub(crate) struct Running {
 impl Running {
     /// Starts `tap-probe watch` with `filter` and `options`.
     pub(crate) fn watch(filter: &[&str], options: &[&str], read: Lines) -> Self {
-        let mut child = Command::new(BIN)
+        let mut child = super::stoppable(&mut Command::new(BIN))
             .arg("watch")
             .args(filter)
             .args(options)

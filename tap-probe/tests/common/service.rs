@@ -28,7 +28,7 @@ impl Service {
     /// Starts `command`, which runs `binary serve ... --listen 127.0.0.1:0` (possibly through
     /// wrappers), and waits for the lines that say where it serves and that it attached.
     pub(crate) fn start(mut command: Command, binary: &Path) -> Self {
-        let mut child = command
+        let mut child = super::stoppable(&mut command)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

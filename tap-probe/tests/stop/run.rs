@@ -113,14 +113,12 @@ impl Run {
         if !controlling {
             command.process_group(0);
         }
+        // Whatever the test runner was started with (nohup, a background job), the command
+        // starts as a shell would start it.
+        crate::common::stoppable(&mut command);
         // SAFETY: between fork and exec, only async-signal-safe calls: signal, setsid, ioctl.
         unsafe {
             command.pre_exec(move || {
-                // Whatever the test runner was started with (nohup, a background job), the
-                // command starts as a shell would start it.
-                for signal in [libc::SIGINT, libc::SIGTERM] {
-                    libc::signal(signal, libc::SIG_DFL);
-                }
                 libc::signal(libc::SIGHUP, sighup);
                 // Stdout is the terminal here (stdin may be /dev/null).
                 if controlling && (libc::setsid() < 0 || libc::ioctl(1, libc::TIOCSCTTY, 0) < 0) {
