@@ -24,11 +24,34 @@ const FRAMES: u64 = 5_000;
 /// a chance of 2 in 2^32.
 const FLOWS: u32 = 32;
 
+/// Runs of the scenario before the test settles for counts the kernel left short.
+const ATTEMPTS: u32 = 3;
+
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
     if !tap_probe_lab::lab::root() {
         return;
     }
+    let mut checks = common::Checks::new();
+    // Two readers and a sender keep softirqs freeing skbs on both CPUs, and a free nested in
+    // a reader's is a run the kernel skips; under emulation a program's run is long, and a
+    // run whose backends both watch is often short. A run where the kernel skipped runs of
+    // a backend's programs has no exact count of that backend to check: it is run again, and
+    // says so in a line `cargo xtask test` lists. The last run's short counts are said as such.
+    for attempt in 1..=ATTEMPTS {
+        if attempt_exact(&mut checks) || attempt == ATTEMPTS {
+            return;
+        }
+        eprintln!(
+            "retrying - multiqueue: attempt {attempt} of {ATTEMPTS}: the kernel skipped runs of a \
+             backend's programs"
+        );
+    }
+}
+
+/// One run of the scenario on a fresh tap, every backend watching; whether every backend's
+/// counts could be held to the oracles exactly.
+fn attempt_exact(checks: &mut common::Checks) -> bool {
     let ns = common::quiet_netns("mq").unwrap();
     let tap = two_queue_tap(&ns);
     let filter = Filter {
@@ -74,13 +97,14 @@ fn per_queue_consumed_matches_each_readers_count() {
         );
     }
 
-    let mut checks = common::Checks::new();
+    let mut exact = true;
     let mut per_queue: [Vec<_>; 2] = [Vec::new(), Vec::new()];
     for (backend, w) in &mut watchers {
         let rows = w.refresh().unwrap().rows;
         eprintln!("{backend:?}: reads {reads:?} drained {drained:?}\n{rows:#?}");
         assert_eq!(rows.len(), 2, "{backend:?}");
         let gate = Gate::of(*backend, w);
+        exact &= gate.is_open();
         for (q, row) in rows.iter().enumerate() {
             assert_eq!(row.queue as usize, q);
             checks.eq(
@@ -119,11 +143,12 @@ fn per_queue_consumed_matches_each_readers_count() {
         }
     }
     for rows in &per_queue {
-        common::assert_backends_agree(&mut checks, rows, &watchers);
+        common::assert_backends_agree(checks, rows, &watchers);
     }
     drop(watchers);
     drop(tap);
     drop(ns);
+    exact
 }
 
 /// A tap with two queues (one fd each) in `ns`, without a qdisc, up.
