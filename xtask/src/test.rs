@@ -107,6 +107,26 @@ const HOST_STAGES: &[Stage<Host>] = &[
         },
     },
     Stage {
+        // The API documentation: every link in it resolves, to private items too (the
+        // crates are read as source more than as a published API).
+        name: "rustdoc",
+        skipped_by: None,
+        run: |_, _| {
+            cmd::run(
+                cmd::cargo()
+                    .env("AYA_BUILD_SKIP", "1")
+                    .env(
+                        "RUSTDOCFLAGS",
+                        "-D warnings --document-private-items -A rustdoc::private_intra_doc_links",
+                    )
+                    .arg("doc")
+                    .args(suite::TEST_PROFILE)
+                    .args(suite::SCOPE)
+                    .arg("--no-deps"),
+            )
+        },
+    },
+    Stage {
         // The eBPF crate is excluded above: it only builds for the BPF target, with
         // nightly's build-std.
         name: "clippy-ebpf",

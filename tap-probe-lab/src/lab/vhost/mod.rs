@@ -9,7 +9,7 @@
 //! `/dev/vhost-net`, `VHOST_SET_OWNER` (binds the device to this process's memory: every
 //! later ioctl must come from this process, `vhost_dev_check_owner`), `VHOST_SET_FEATURES`,
 //! `VHOST_SET_MEM_TABLE` with one region that maps "guest physical" addresses 1:1 onto one
-//! anonymous mapping (the [`Arena`]) holding the split virtqueue and the buffers, then for
+//! anonymous mapping (the [`Arena`](vring::Arena)) holding the split virtqueue and the buffers, then for
 //! the receive queue only (index 0, `VHOST_NET_VQ_RX`) `VHOST_SET_VRING_NUM/BASE/ADDR`,
 //! eventfds for kick, call and error, and `VHOST_NET_SET_BACKEND` with the tap's fd.
 //!

@@ -301,7 +301,7 @@ impl Probe {
         Ok(())
     }
 
-    /// Makes the slots freed before this call reusable (see [`Slots`]). Call once per
+    /// Makes the slots freed before this call reusable (see [`Slots`](crate::bpf::slots::Slots)). Call once per
     /// refresh interval.
     pub(crate) fn retire_generation(&mut self) {
         self.slots.next_generation();
