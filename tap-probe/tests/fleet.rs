@@ -30,15 +30,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::oracle::{Checks, Gate, Oracle};
-use common::service::{Service, http_get, left_behind, programs};
+use common::prometheus::{PROMETHEUS, Prometheus, SCRAPE, Series, encode};
+use common::service::{Service, left_behind, programs};
 use serde_json::Value;
 use tap_probe_lab::lab::Backend;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
-const RULES: &str = include_str!("../../deploy/prometheus/tap-probe-rules.yml");
 const DASHBOARD: &str = include_str!("../../deploy/grafana/tap-probe.json");
-/// Debian's package installs the server as this.
-const PROMETHEUS: &str = "prometheus";
 /// Seconds the loads wait before sending: `serve` has found their devices by then (it
 /// refreshes every half second), so they are counted from birth, and Prometheus has stored
 /// them at zero. With no wait the first stored sample is above zero, and the tap's rate
@@ -48,23 +46,8 @@ const START_DELAY: &str = "4";
 const LOAD_SECS: &str = "3";
 /// The backend `serve` runs with: the one this host's kernel has (no kprobes, no fentry).
 const BACKEND: Backend = Backend::Tracepoint;
-/// Seconds between `serve`'s refreshes, and Prometheus' scrapes.
+/// Seconds between `serve`'s refreshes.
 const REFRESH: f64 = 0.5;
-const SCRAPE: f64 = 1.0;
-
-/// One series of a query's result.
-#[derive(Debug, Clone)]
-struct Series {
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-impl Series {
-    fn is(&self, device: &Device) -> bool {
-        self.labels.get("netns") == Some(&device.netns)
-            && self.labels.get("device") == Some(&device.name)
-    }
-}
 
 /// A device of a load, and what the kernel counted on it.
 #[derive(Debug)]
@@ -75,130 +58,6 @@ struct Device {
     tx_dropped: f64,
     /// The root qdisc's requeues: every busy return and packet put back while stopped.
     requeues: f64,
-}
-
-/// A Prometheus server on loopback (a free port of its own, its storage in `dir`), stopped
-/// on drop.
-struct Prometheus {
-    child: Child,
-    addr: String,
-    dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    /// Starts one that scrapes `target` every second and evaluates `RULES`.
-    fn start(target: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let rules = dir.path().join("rules.yml");
-        std::fs::write(&rules, RULES).unwrap();
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global: {{scrape_interval: {SCRAPE}s, evaluation_interval: {SCRAPE}s}}\n\
-                 rule_files: [\"{}\"]\n\
-                 scrape_configs:\n  - job_name: tap-probe\n    \
-                 static_configs: [{{targets: [\"{target}\"]}}]\n",
-                rules.display()
-            ),
-        )
-        .unwrap();
-        // A free port: Prometheus does not say which one it took for port 0.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .to_string();
-        let child = Command::new(PROMETHEUS)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("prometheus starts");
-        let mut server = Self { child, addr, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(&server.addr).is_err()
-            || http_get(&server.addr, "/-/ready").0 != "HTTP/1.0 200 OK"
-        {
-            // One that cannot bind its port (taken since it was picked) exits at once.
-            if let Some(status) = server.child.try_wait().unwrap() {
-                panic!("prometheus exited before it was ready: {status}");
-            }
-            assert!(Instant::now() < deadline, "prometheus never became ready");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // The server answering is this one, not a system-wide one (Debian's package
-        // enables prometheus.service on :9090 where systemd runs): its storage is ours.
-        let flags = server.api("/api/v1/status/flags");
-        assert_eq!(
-            flags["storage.tsdb.path"].as_str(),
-            Some(server.dir.path().join("data").to_str().unwrap()),
-            "another Prometheus answers on {}",
-            server.addr
-        );
-        server
-    }
-
-    fn api(&self, path: &str) -> Value {
-        let (status, body) = http_get(&self.addr, path);
-        let json: Value = serde_json::from_str(&body)
-            .unwrap_or_else(|err| panic!("{path}: {status}: {err}: {body}"));
-        assert_eq!(json["status"], "success", "{path}: {body}");
-        json["data"].clone()
-    }
-
-    /// The instant vector `expr` evaluates to at `time` (Unix seconds).
-    fn query(&self, expr: &str, time: f64) -> Vec<Series> {
-        let data = self.api(&format!(
-            "/api/v1/query?query={}&time={time:.3}",
-            encode(expr)
-        ));
-        assert_eq!(data["resultType"], "vector", "{expr}: {data}");
-        data["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| Series {
-                labels: serde_json::from_value(s["metric"].clone()).unwrap(),
-                value: s["value"][1].as_str().unwrap().parse().unwrap(),
-            })
-            .collect()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// A query string's bytes, percent-encoded but for the unreserved ones.
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// A `tap-probe load` beside the test, ended with SIGTERM (which removes what it made) if
@@ -271,7 +130,7 @@ fn same(a: f64, b: f64) -> bool {
 fn total(series: &[Series], device: &Device) -> Option<f64> {
     let mine: Vec<f64> = series
         .iter()
-        .filter(|s| s.is(device))
+        .filter(|s| s.of(&device.netns, &device.name))
         .map(|s| s.value)
         .collect();
     (!mine.is_empty()).then(|| mine.iter().sum())
@@ -470,7 +329,7 @@ fn check_alert(
 ) {
     let mine: BTreeSet<&str> = [tap, veth]
         .into_iter()
-        .filter(|d| fired.iter().any(|s| s.is(d)))
+        .filter(|d| fired.iter().any(|s| s.of(&d.netns, &d.name)))
         .map(|d| d.name.as_str())
         .collect();
     let none = BTreeSet::new();
@@ -603,7 +462,7 @@ fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     if !tap_probe_lab::lab::root() {
         return;
     }
-    if Command::new(PROMETHEUS).arg("--version").output().is_err() {
+    if !common::prometheus::installed() {
         println!(
             "skipping test - no {PROMETHEUS} here (Debian's prometheus package; cargo xtask \
              setup installs it)"

@@ -5,6 +5,7 @@
     reason = "each test binary uses its own subset of these helpers"
 )]
 
+pub(crate) mod prometheus;
 pub(crate) mod running;
 pub(crate) mod service;
 
