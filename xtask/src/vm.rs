@@ -25,8 +25,14 @@ use crate::suite::{self, Suite};
 /// Host tools (copied in with their libraries) the tests run: some lib tests check the
 /// rtnetlink code against `ip -j` and `tc -j`, which busybox's applets cannot print, and a
 /// test reads the kernel's figures a second way through `ip netns exec`; `watch_cli` drops
-/// privileges with util-linux's `setpriv --reuid`.
-const HOST_TOOLS: &[&str] = &["/usr/sbin/ip", "/usr/sbin/tc", "/usr/bin/setpriv"];
+/// privileges with util-linux's `setpriv --reuid`; `alerts` has Prometheus (Debian's
+/// package) evaluate the alert rules where tun takes `IFF_BACKPRESSURE`.
+const HOST_TOOLS: &[&str] = &[
+    "/usr/sbin/ip",
+    "/usr/sbin/tc",
+    "/usr/bin/setpriv",
+    "/usr/bin/prometheus",
+];
 
 /// Each test binary still running after this long is ended, so one hung test fails its
 /// binary and the rest still run (the whole suite takes about 4 minutes under TCG here).
