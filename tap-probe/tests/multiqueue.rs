@@ -25,7 +25,7 @@ const FRAMES: u64 = 5_000;
 const FLOWS: u32 = 32;
 
 /// Runs of the scenario before the test settles for counts the kernel left short.
-const ATTEMPTS: u32 = 3;
+const ATTEMPTS: u32 = 5;
 
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
