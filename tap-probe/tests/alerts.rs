@@ -15,13 +15,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::prometheus::{Prometheus, Series};
-use common::service::{Service, programs};
+use common::service::Service;
 use tap_probe_lab::lab::{self, Backend, NamedNetns, RootQdisc, Rtnl, SenderConfig, Tap};
 use tap_probe_lab::lab::{TapOptions, run_in};
 use tap_probe_observer::os::tap::IFF_BACKPRESSURE;
@@ -122,26 +121,20 @@ fn taps(ns: &NamedNetns, kernel: &tap_probe_lab::lab::KernelInfo) -> (Tap, Tap) 
 
 /// `serve` on the devices of `ns` (the programs it loaded, by id), and a Prometheus that
 /// scrapes it.
-fn exporter(ns: &NamedNetns) -> (Service, Vec<u32>, Prometheus) {
+fn exporter(ns: &NamedNetns) -> (Service, BTreeSet<u32>, Prometheus) {
     let binary: PathBuf = std::fs::canonicalize(BIN).unwrap();
-    let before = programs();
-    let mut serve = Command::new(&binary);
-    serve.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--backend",
-        "tracepoint",
-    ]);
-    serve.args([
-        "--interval",
-        "0.5",
-        "--stuck-after",
-        &STUCK_AFTER.to_string(),
-    ]);
-    serve.args(["--netns", ns.name()]);
-    let service = Service::start(serve, Path::new(&binary));
-    let loaded: Vec<u32> = programs().difference(&before).copied().collect();
+    let stuck_after = STUCK_AFTER.to_string();
+    let (service, loaded) = Service::tracepoints(
+        &binary,
+        &[
+            "--interval",
+            "0.5",
+            "--stuck-after",
+            &stuck_after,
+            "--netns",
+            ns.name(),
+        ],
+    );
     let prometheus = Prometheus::start(&service.addr);
     (service, loaded, prometheus)
 }

@@ -25,13 +25,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::CommandExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::prometheus::{PROMETHEUS, Prometheus, SCRAPE, Series, encode};
-use common::service::{Service, left_behind, programs};
+use common::service::{Service, left_behind};
 use serde_json::Value;
 use tap_probe_lab::lab::Backend;
 
@@ -471,19 +471,18 @@ fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     }
     let started = now();
     let binary: PathBuf = std::fs::canonicalize(BIN).unwrap();
-    let before = programs();
-    let mut serve = Command::new(&binary);
-    serve.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--backend",
-        "tracepoint",
-    ]);
-    serve.args(["--interval", &REFRESH.to_string(), "--forget-after", "600"]);
-    serve.args(["--netns", "tap-probe-load-*"]);
-    let service = Service::start(serve, Path::new(&binary));
-    let loaded: BTreeSet<u32> = programs().difference(&before).copied().collect();
+    let refresh = REFRESH.to_string();
+    let (service, loaded) = Service::tracepoints(
+        &binary,
+        &[
+            "--interval",
+            &refresh,
+            "--forget-after",
+            "600",
+            "--netns",
+            "tap-probe-load-*",
+        ],
+    );
     let prometheus = Prometheus::start(&service.addr);
     let deadline = Instant::now() + Duration::from_secs(30);
     while prometheus

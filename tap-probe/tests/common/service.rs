@@ -25,6 +25,24 @@ pub(crate) struct Service {
 }
 
 impl Service {
+    /// Starts `binary serve` on a free loopback port with the tracepoint backend and `args`,
+    /// and waits until it attached; with the ids of the programs it loaded.
+    pub(crate) fn tracepoints(binary: &Path, args: &[&str]) -> (Self, BTreeSet<u32>) {
+        let before = programs();
+        let mut serve = Command::new(binary);
+        serve.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "tracepoint",
+        ]);
+        serve.args(args);
+        let service = Self::start(serve, binary);
+        let loaded = programs().difference(&before).copied().collect();
+        (service, loaded)
+    }
+
     /// Starts `command`, which runs `binary serve ... --listen 127.0.0.1:0` (possibly through
     /// wrappers), and waits for the lines that say where it serves and that it attached.
     pub(crate) fn start(mut command: Command, binary: &Path) -> Self {
