@@ -390,4 +390,4 @@ impl fmt::Display for ParseError {
 impl std::error::Error for ParseError {}
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -11,7 +11,8 @@ use proptest::prelude::*;
 
 use super::*;
 
-const KNOWN: &[&str] = &[
+/// The names the tests' measurements provide (the spec's tests check against them too).
+pub(crate) const KNOWN: &[&str] = &[
     "sent",
     "consumed",
     "dropped_full_ring",

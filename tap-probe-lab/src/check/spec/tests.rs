@@ -2,16 +2,8 @@ use proptest::prelude::*;
 
 use super::checker::parse_duration;
 use super::*;
+use crate::check::expr::tests::KNOWN;
 use crate::check::report::{CheckReport, Measured, ScenarioReport};
-
-const KNOWN: &[&str] = &[
-    "sent",
-    "consumed",
-    "dropped_full_ring",
-    "qdisc_drops",
-    "delivered_pps",
-    "stuck",
-];
 
 const GOOD: &str = r#"
 # Stock behaviour first.
