@@ -108,11 +108,11 @@ pub(crate) fn status(command: &mut Command) -> anyhow::Result<ExitStatus> {
 }
 
 /// Runs `command` to completion, passing its stdout on line by line as it comes, and
-/// returns those lines (stderr is inherited).
+/// returns those lines and how it exited (stderr is inherited).
 ///
 /// # Errors
-/// If it cannot be started or exits non-zero.
-pub(crate) fn run_collecting(command: &mut Command) -> anyhow::Result<Vec<String>> {
+/// If it cannot be started or its output cannot be read.
+pub(crate) fn run_collecting(command: &mut Command) -> anyhow::Result<(Vec<String>, ExitStatus)> {
     use std::io::BufRead as _;
     command.stdout(Stdio::piped());
     echo(command);
@@ -129,8 +129,7 @@ pub(crate) fn run_collecting(command: &mut Command) -> anyhow::Result<Vec<String
     let status = child
         .wait()
         .with_context(|| format!("waiting for `{}`", display(command)))?;
-    check(command, status)?;
-    Ok(lines)
+    Ok((lines, status))
 }
 
 /// Runs a cargo build `command` (`build`, `test --no-run`) and returns the artifacts it

@@ -4,7 +4,9 @@
 //! - `skipping ...`: the test (or a part of it) cannot run here and says why;
 //! - `retrying - ...`: the test ran its scenario again, and why;
 //! - `oracle: exact|bound|gated N ORACLE BACKEND [- WHY]`: the checks it made against an
-//!   oracle (see `tap-probe/tests/common/oracle.rs`).
+//!   oracle (see `tap-probe/tests/common/oracle.rs`);
+//! - `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the message's first line, in a
+//!   failed test's output: where and why it failed, for the last line of a failed run.
 
 use std::fmt;
 
@@ -55,6 +57,8 @@ pub(crate) struct Output {
     pub(crate) tallies: Vec<Tally>,
     /// Lines that start like an oracle tally but do not read as one.
     pub(crate) malformed: Vec<Said>,
+    /// Per failed test, where it panicked and the message's first line.
+    pub(crate) panics: Vec<Said>,
 }
 
 impl Output {
@@ -63,6 +67,13 @@ impl Output {
         self.retries.extend(other.retries);
         self.tallies.extend(other.tallies);
         self.malformed.extend(other.malformed);
+        self.panics.extend(other.panics);
+    }
+
+    /// The panics, one per test, for an error message: `BINARY::TEST: panicked at ...: MESSAGE`.
+    pub(crate) fn failures(&self) -> String {
+        let panics: Vec<String> = self.panics.iter().map(ToString::to_string).collect();
+        panics.join("; ")
     }
 }
 
@@ -71,8 +82,8 @@ impl Output {
 pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
     let mut test: Option<&str> = None;
     let mut out = Output::default();
-    for line in lines {
-        let line = line.as_ref();
+    let mut lines = lines.iter().map(AsRef::as_ref);
+    while let Some(line) = lines.next() {
         if let Some(name) = line
             .strip_prefix("---- ")
             .and_then(|rest| rest.strip_suffix(" stdout ----"))
@@ -93,7 +104,13 @@ pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
             line: line.trim().to_owned(),
         };
         let trimmed = line.trim_start();
-        if trimmed.starts_with("skipping") {
+        if let Some(at) = panicked_at(trimmed) {
+            let message = lines.next().unwrap_or_default().trim();
+            out.panics.push(Said {
+                test: said().test,
+                line: format!("panicked at {at} {message}"),
+            });
+        } else if trimmed.starts_with("skipping") {
             out.skips.push(said());
         } else if trimmed.starts_with("retrying") {
             out.retries.push(said());
@@ -108,6 +125,13 @@ pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
         }
     }
     out
+}
+
+/// `FILE:LINE:COL:` of libtest's `thread 'NAME' (TID) panicked at FILE:LINE:COL:`.
+fn panicked_at(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("thread '")?;
+    let (_, at) = rest.split_once(" panicked at ")?;
+    Some(at)
 }
 
 /// `exact|bound|gated N ORACLE BACKEND [- WHY]`.
@@ -211,5 +235,35 @@ mod tests {
         );
         // A gated tally without its reason, and a count that is not one.
         assert_eq!(out.malformed.len(), 2);
+    }
+
+    #[test]
+    fn a_failed_tests_panic_is_named_by_the_test() {
+        let lines = [
+            "running 2 tests",
+            "test a ... ok",
+            "test b ... FAILED",
+            "",
+            "failures:",
+            "",
+            "---- b stdout ----",
+            "oracle: exact 2 reader tracepoint",
+            "thread 'b' (676) panicked at tap-probe/tests/multiqueue.rs:230:24:",
+            "consumed: a short backend counted more: Count(2500) vs Count(1936)",
+            "stack backtrace:",
+            "",
+            "failures:",
+            "    b",
+            "",
+            "test result: FAILED. 1 passed; 1 failed",
+        ];
+        let out = read("multiqueue", &lines);
+        assert_eq!(
+            out.failures(),
+            "multiqueue::b: panicked at tap-probe/tests/multiqueue.rs:230:24: consumed: a short \
+             backend counted more: Count(2500) vs Count(1936)"
+        );
+        assert_eq!(out.tallies.len(), 1);
+        assert_eq!(read("multiqueue", &lines[..4]).failures(), "");
     }
 }

@@ -209,7 +209,17 @@ pub(crate) fn run(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
         .arg("--show-output")
         .args(args);
     eprintln!("==> {} ({})", binary.label, short(&binary.path));
-    let lines = cmd::run_collecting(&mut command)?;
+    let (lines, status) = cmd::run_collecting(&mut command)?;
+    let said = output::read(&binary.label, &lines);
+    if !status.success() {
+        let failures = said.failures();
+        let failures = if failures.is_empty() {
+            String::new()
+        } else {
+            format!(": {failures}")
+        };
+        bail!("`{}` failed ({status}){failures}", cmd::display(&command));
+    }
     let result = lines
         .iter()
         .rev()
@@ -220,7 +230,7 @@ pub(crate) fn run(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
         label: binary.label.clone(),
         took: started.elapsed(),
         result,
-        said: output::read(&binary.label, &lines),
+        said,
     })
 }
 

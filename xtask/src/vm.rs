@@ -441,14 +441,19 @@ fn boot(
         Err(err) => return (Err(err), None),
     };
     let outcome = &ran.booted.outcome;
-    let failure = (outcome.verdict != Verdict::Success)
-        .then(|| format!("{name}: {}", launch::describe(&outcome.verdict)));
+    let (results, said) = per_binary(&outcome.lines);
+    let failure = (outcome.verdict != Verdict::Success).then(|| {
+        let verdict = launch::describe(&outcome.verdict);
+        match said.failures() {
+            failures if failures.is_empty() => format!("{name}: {verdict}"),
+            failures => format!("{name}: {verdict}: {failures}"),
+        }
+    });
     if failure.is_some() && (quiet || !alone) {
         for line in &outcome.lines {
             println!("[{name}] {line}");
         }
     }
-    let (results, said) = per_binary(&outcome.lines);
     let times = format!(
         "prepare {:.1} s, image {} MiB, {}; console log {}",
         prepare_time.as_secs_f64(),
