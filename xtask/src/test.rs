@@ -89,6 +89,13 @@ const HOST_STAGES: &[Stage<Host>] = &[
         run: |suite, _| docs::check(&suite.tap_probe),
     },
     Stage {
+        // Before the lints: their build script runs (without eBPF objects) would make the
+        // doc tests' build compile the observer and what uses it again.
+        name: "unit-tests",
+        skipped_by: None,
+        run: unit_tests,
+    },
+    Stage {
         // Same profile and features as the build, so the dependencies' build scripts and
         // proc macros it compiled serve here too; linting needs no eBPF objects, and
         // building them again for clippy's own build script run would take longer than
@@ -147,11 +154,6 @@ const HOST_STAGES: &[Stage<Host>] = &[
                 "warnings",
             ]))
         },
-    },
-    Stage {
-        name: "unit-tests",
-        skipped_by: None,
-        run: unit_tests,
     },
     Stage {
         name: "fuzz-smoke",
