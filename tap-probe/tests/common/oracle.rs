@@ -127,6 +127,15 @@ impl Gate {
         }
     }
 
+    /// This gate, shut for `why` if there is one and it was open: a reason the test knows
+    /// that makes the comparison's oracle uncertain.
+    pub(crate) fn unless(mut self, why: Option<&str>) -> Self {
+        if self.shut.is_none() {
+            self.shut = why.map(str::to_owned);
+        }
+        self
+    }
+
     /// Shuts the gate for another reason than the backend's own: the other side of a
     /// comparison counts short.
     pub(crate) fn shut_by(&self, other: &Self) -> Self {
