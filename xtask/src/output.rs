@@ -82,7 +82,7 @@ impl Output {
 pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
     let mut test: Option<&str> = None;
     let mut out = Output::default();
-    let mut lines = lines.iter().map(AsRef::as_ref);
+    let mut lines = lines.iter().map(AsRef::as_ref).peekable();
     while let Some(line) = lines.next() {
         if let Some(name) = line
             .strip_prefix("---- ")
@@ -105,10 +105,17 @@ pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
         };
         let trimmed = line.trim_start();
         if let Some(at) = panicked_at(trimmed) {
-            let message = lines.next().unwrap_or_default().trim();
+            // The message's first lines (an assert_eq's left and right), each cut short.
+            let mut message = vec![format!("panicked at {at}")];
+            while message.len() <= PANIC_LINES {
+                let Some(next) = lines.next_if(|next| !ends_panic_message(next)) else {
+                    break;
+                };
+                message.push(next.trim().chars().take(PANIC_LINE_CHARS).collect());
+            }
             out.panics.push(Said {
                 test: said().test,
-                line: format!("panicked at {at} {message}"),
+                line: message.join(" "),
             });
         } else if trimmed.starts_with("skipping") {
             out.skips.push(said());
@@ -125,6 +132,19 @@ pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
         }
     }
     out
+}
+
+/// How much of a panic's message an error line carries.
+const PANIC_LINES: usize = 3;
+const PANIC_LINE_CHARS: usize = 200;
+
+/// Whether `line`, after a panic's message, is no longer part of it.
+fn ends_panic_message(line: &str) -> bool {
+    let line = line.trim();
+    line.is_empty()
+        || ["stack backtrace:", "note: ", "---- ", "thread '"]
+            .iter()
+            .any(|start| line.starts_with(start))
 }
 
 /// `FILE:LINE:COL:` of libtest's `thread 'NAME' (TID) panicked at FILE:LINE:COL:`.
@@ -249,7 +269,9 @@ mod tests {
             "---- b stdout ----",
             "oracle: exact 2 reader tracepoint",
             "thread 'b' (676) panicked at tap-probe/tests/multiqueue.rs:230:24:",
-            "consumed: a short backend counted more: Count(2500) vs Count(1936)",
+            "assertion `left == right` failed: consumed",
+            "  left: 2500",
+            " right: 1936",
             "stack backtrace:",
             "",
             "failures:",
@@ -260,8 +282,8 @@ mod tests {
         let out = read("multiqueue", &lines);
         assert_eq!(
             out.failures(),
-            "multiqueue::b: panicked at tap-probe/tests/multiqueue.rs:230:24: consumed: a short \
-             backend counted more: Count(2500) vs Count(1936)"
+            "multiqueue::b: panicked at tap-probe/tests/multiqueue.rs:230:24: assertion `left == \
+             right` failed: consumed left: 2500 right: 1936"
         );
         assert_eq!(out.tallies.len(), 1);
         assert_eq!(read("multiqueue", &lines[..4]).failures(), "");

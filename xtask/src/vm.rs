@@ -443,11 +443,18 @@ fn boot(
     let outcome = &ran.booted.outcome;
     let (results, said) = per_binary(&outcome.lines);
     let failure = (outcome.verdict != Verdict::Success).then(|| {
-        let verdict = launch::describe(&outcome.verdict);
-        match said.failures() {
-            failures if failures.is_empty() => format!("{name}: {verdict}"),
-            failures => format!("{name}: {verdict}: {failures}"),
-        }
+        // Which binaries failed (an abort or a timeout has no panic to show) and why.
+        let mut why = vec![launch::describe(&outcome.verdict)];
+        why.extend(
+            outcome
+                .lines
+                .iter()
+                .filter_map(|line| line.strip_prefix("init: "))
+                .filter(|rest| rest.starts_with("/tests/") && failed_exit(rest))
+                .map(|rest| rest.split(" (uptime").next().unwrap_or(rest).to_owned()),
+        );
+        why.extend(said.panics.iter().map(ToString::to_string));
+        format!("{name}: {}", why.join("; "))
     });
     if failure.is_some() && (quiet || !alone) {
         for line in &outcome.lines {
