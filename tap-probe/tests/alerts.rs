@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::oracle::{Checks, Gate, Oracle};
-use common::prometheus::{Prometheus, Series};
+use common::prometheus::{Misses, Prometheus, Series};
 use common::service::Service;
 use tap_probe_lab::lab::{self, Backend, NamedNetns, RootQdisc, Rtnl, SenderConfig, Tap};
 use tap_probe_lab::lab::{TapOptions, run_in};
@@ -183,25 +183,11 @@ fn predicted<'a>(name: &str, devices: &'a [Device]) -> BTreeSet<&'a str> {
     }
 }
 
-/// Whether `TapProbeCountsShort` fires (on an increase of the misses within its window) when
-/// the kernel has skipped `missed` runs of the programs, `stored` of them when Prometheus
-/// had taken its first samples. Those samples hold between none and `stored`: with misses
-/// that came before them and none since, it may go either way (`None`).
-fn short_fires(stored: u64, missed: u64) -> Option<bool> {
-    if missed > stored {
-        Some(true)
-    } else if missed == 0 {
-        Some(false)
-    } else {
-        None
-    }
-}
-
 /// Holds each alert's expression, as last evaluated (`fired`), to what the kernel predicts:
-/// the devices' counters and qdiscs, and the programs' misses (`missed` if they held still
-/// while the expressions were evaluated, `stored` when Prometheus had its first samples).
-fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], stored: u64, missed: Option<u64>) {
-    let gate = Gate::of_programs(BACKEND, missed.unwrap_or(u64::MAX));
+/// the devices' counters and qdiscs, and the programs' misses (`None` if the kernel's count
+/// moved while the expressions were evaluated).
+fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], misses: Option<Misses>) {
+    let gate = Gate::of_programs(BACKEND, misses.map_or(u64::MAX, |m| m.last.1));
     let mut checks = Checks::new();
     for (name, series) in fired {
         let got = names(series, devices);
@@ -221,29 +207,16 @@ fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], stored: u64, missed:
                 checks.eq(&gate, Oracle::Qdisc, &got, &predicted(name, devices), what);
             }
             // The programs' own misses: a series of the exporter, of no device.
-            _ => {
-                let must_fire = missed.and_then(|missed| short_fires(stored, missed));
-                let why = match (missed, must_fire) {
-                    (None, _) => Some(
-                        "the kernel skipped runs of the programs while the alerts were evaluated",
-                    ),
-                    (Some(_), None) => Some(
-                        "the kernel skipped runs of the programs only before Prometheus's first \
-                         samples",
-                    ),
-                    (Some(_), Some(_)) => None,
-                };
-                checks.eq(
-                    &Gate::always(BACKEND).unless(why),
-                    Oracle::ProgramMisses,
-                    !series.is_empty(),
-                    must_fire.unwrap_or_default(),
-                    format!(
-                        "{what}; the kernel's recursion_misses {missed:?}, {stored} when \
-                         Prometheus had its first samples"
-                    ),
-                );
-            }
+            _ => checks.eq(
+                &Gate::always(BACKEND).unless(misses.map_or(
+                    Some("the kernel skipped runs of the programs while the alerts were evaluated"),
+                    Misses::uncertain,
+                )),
+                Oracle::ProgramMisses,
+                !series.is_empty(),
+                misses.and_then(Misses::short_fires).unwrap_or_default(),
+                format!("{what}; the kernel's recursion_misses: {misses:?}"),
+            ),
         }
     }
 }
@@ -273,7 +246,7 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
 
     // serve and Prometheus before any frame: every series starts at zero.
     let (service, loaded, prometheus) = exporter(&ns);
-    let missed = || -> u64 {
+    let kernel_misses = || -> u64 {
         loaded
             .iter()
             .map(|&id| lab::program_recursion_misses(id).unwrap())
@@ -281,7 +254,7 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
     };
     wait_stored(&prometheus, &ns, within(30.0));
     // Prometheus's first samples hold no more misses than the kernel counted by now.
-    let missed_stored = missed();
+    let missed_stored = kernel_misses();
 
     send(&ns, &dropping, RING + BEYOND);
     send(&ns, &held, RING + BEYOND);
@@ -297,9 +270,12 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
     );
     let alerts = rules(&prometheus);
     let holds = |name: &str, series: &[Series], missed: u64| match name {
-        "TapProbeCountsShort" => {
-            short_fires(missed_stored, missed).is_none_or(|fires| fires != series.is_empty())
+        "TapProbeCountsShort" => Misses {
+            first: missed_stored,
+            last: (missed, missed),
         }
+        .short_fires()
+        .is_none_or(|fires| fires != series.is_empty()),
         _ => names(series, &devices) == predicted(name, &devices),
     };
     // Until every expression says what the kernel predicts (a scrape or two after the queue
@@ -312,13 +288,13 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
     // The expressions, and the kernel's misses if they held still while the expressions were
     // evaluated (a miss in between may or may not have reached them).
     let evaluate = || {
-        let before = missed();
+        let before = kernel_misses();
         let at = now();
         let fired: Vec<_> = alerts
             .iter()
             .map(|(name, expr)| (name.as_str(), prometheus.query(expr, at)))
             .collect();
-        let after = missed();
+        let after = kernel_misses();
         (fired, (before == after).then_some(after))
     };
     let agree = |fired: &[(&str, Vec<Series>)], missed: Option<u64>| {
@@ -334,7 +310,11 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
          when Prometheus had its first samples, {missed_then:?} when evaluated",
         sent_at.elapsed().as_secs_f64()
     );
-    check(&fired, &devices, missed_stored, missed_then);
+    let misses = missed_then.map(|missed| Misses {
+        first: missed_stored,
+        last: (missed, missed),
+    });
+    check(&fired, &devices, misses);
     drop(service);
     drop(prometheus);
     drop((dropping, held));

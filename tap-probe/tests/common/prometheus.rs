@@ -36,6 +36,40 @@ impl Series {
     }
 }
 
+/// The kernel's count of skipped runs of an exporter's programs (their `recursion_misses`),
+/// read around what Prometheus stored of it: `TapProbeCountsShort` fires on an increase of
+/// the exported count within its window, whose first sample held at most `first` (read once
+/// the first samples were stored) and whose last held from `last.0` (read before the last
+/// sample's refresh) to `last.1` (read after the last sample).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Misses {
+    pub(crate) first: u64,
+    pub(crate) last: (u64, u64),
+}
+
+impl Misses {
+    /// Whether `TapProbeCountsShort` must fire (`Some(true)`), must not (`Some(false)`), or
+    /// may go either way (`None`): the kernel skipped runs only while its window's first or
+    /// last sample was taken.
+    pub(crate) fn short_fires(self) -> Option<bool> {
+        if self.last.0 > self.first {
+            Some(true)
+        } else if self.last.1 == 0 {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Why the alert's check is gated off, when it is.
+    pub(crate) fn uncertain(self) -> Option<&'static str> {
+        self.short_fires().is_none().then_some(
+            "the kernel skipped runs of the programs only while Prometheus took the samples \
+             the alert compares",
+        )
+    }
+}
+
 /// A Prometheus server on loopback (a free port of its own, its storage in `dir`), stopped
 /// on drop.
 pub(crate) struct Prometheus {
