@@ -589,7 +589,11 @@ fn uncompressed(path: &Path, scratch: &Path) -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
-fn remove_dir_if_exists(dir: &Path) -> anyhow::Result<()> {
+/// Removes `dir` and everything in it; a directory that is not there is no error.
+///
+/// # Errors
+/// When it is there and cannot be removed.
+pub fn remove_dir_if_exists(dir: &Path) -> anyhow::Result<()> {
     match std::fs::remove_dir_all(dir) {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
             Err(err).with_context(|| format!("removing {}", dir.display()))

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use tap_probe_guest::apt::{Apt, Channel};
-use tap_probe_guest::kernel::debian_6_12_abi;
+use tap_probe_guest::kernel::{debian_6_12_abi, remove_dir_if_exists};
 
 use crate::cmd;
 
@@ -89,7 +89,7 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
     }
 
     let build = cmd::target_dir().join("seed-tun").join(&abi);
-    remove_dir(&build)?;
+    remove_dir_if_exists(&build)?;
     std::fs::create_dir_all(build.join("drivers/net"))?;
     std::fs::copy(&source, build.join("drivers/net/tun.c"))?;
     cmd::run(
@@ -158,7 +158,7 @@ fn unpack_headers(
     let release = format!("{abi}-cloud-amd64");
     let sys = work.join("sys");
     let staging = work.join("sys.partial");
-    remove_dir(&staging)?;
+    remove_dir_if_exists(&staging)?;
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     for package in [
         format!("linux-headers-{release}"),
@@ -185,7 +185,7 @@ fn unpack_headers(
         );
     }
     std::fs::write(&makefile, repointed)?;
-    remove_dir(&sys)?;
+    remove_dir_if_exists(&sys)?;
     std::fs::rename(&staging, &sys)
         .with_context(|| format!("moving {} to {}", staging.display(), sys.display()))?;
     std::fs::write(sys.join(COMPLETE), "")?;
@@ -196,7 +196,7 @@ fn unpack_headers(
 /// unpacking the rest (the tarball is about 150 MB of xz).
 fn extract_tun_c(deb: &Path, work: &Path, out: &Path) -> anyhow::Result<()> {
     let scratch = work.join("source.partial");
-    remove_dir(&scratch)?;
+    remove_dir_if_exists(&scratch)?;
     std::fs::create_dir_all(&scratch)?;
     let member = "linux-source-6.12/drivers/net/tun.c";
     let mut package = cmd::new("dpkg-deb");
@@ -211,7 +211,7 @@ fn extract_tun_c(deb: &Path, work: &Path, out: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("extracting {member} from {}", deb.display()))?;
     std::fs::rename(scratch.join(member), out)
         .with_context(|| format!("moving the extracted tun.c to {}", out.display()))?;
-    remove_dir(&scratch)
+    remove_dir_if_exists(&scratch)
 }
 
 /// Runs `commands` as a shell pipeline would, each one's stdout into the next one's stdin.
@@ -279,15 +279,6 @@ fn check(module: &Path, release: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn remove_dir(dir: &Path) -> anyhow::Result<()> {
-    match std::fs::remove_dir_all(dir) {
-        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-            Err(err).with_context(|| format!("removing {}", dir.display()))
-        }
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]
