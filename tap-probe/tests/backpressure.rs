@@ -219,9 +219,10 @@ fn total(rows: &[tap_probe_lab::lab::Row]) -> tap_probe_common::QueueCounters {
     sum
 }
 
-/// Waits (at most 10 s) until the qdisc is empty, i.e. the peer took everything.
+/// Waits (at most 10 s, ten times that under emulation) until the qdisc is empty, i.e. the
+/// peer took everything.
 fn settle(qdisc: &dyn Fn() -> QdiscStats) -> QdiscStats {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10) * common::slowdown();
     loop {
         let stats = qdisc();
         if stats.qlen == 0 || Instant::now() > deadline {

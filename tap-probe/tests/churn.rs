@@ -42,7 +42,7 @@ fn scrape(addr: &str) -> (String, String) {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(10) * common::slowdown()))
         .unwrap();
     write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
@@ -91,7 +91,7 @@ fn start_watch(netns_glob: &str) -> (ChildGuard, String, std::thread::JoinHandle
     });
     let addr = loop {
         let line = rx
-            .recv_timeout(Duration::from_mins(1))
+            .recv_timeout(Duration::from_mins(1) * common::slowdown())
             .expect("watch announces its metrics address");
         if let Some((_, rest)) = line.split_once("serving metrics on http://") {
             break rest.trim_end_matches("/metrics").to_owned();
@@ -160,7 +160,7 @@ fn survivor_counted_exactly(
     // Exact once a refresh after the traffic has been served: the first refresh that sees
     // all of it may have read the kernel's columns while it flowed (its skew says by how
     // much); the next one has nothing in flight, and no skew.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30) * common::slowdown();
     let body = loop {
         let body = scrape_ok();
         let consumed = sample(&body, "tap_probe_consumed_total", Some("tpck0"));
@@ -235,7 +235,7 @@ fn watch_survives_churn_beyond_its_tables_and_stays_exact() {
         body
     };
     // The survivor is tracked before the churn begins.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30) * common::slowdown();
     while sample(&scrape_ok(), "tap_probe_consumed_total", Some("tpck0")).is_none() {
         assert!(Instant::now() < deadline, "the survivor was never tracked");
         std::thread::sleep(Duration::from_millis(100));

@@ -144,7 +144,10 @@ fn start_recorder(
         }
         all
     });
-    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+    if rx
+        .recv_timeout(Duration::from_secs(30) * common::slowdown())
+        .is_err()
+    {
         let _ = recorder.kill();
         let _ = recorder.wait();
         panic!("the recorder did not start: {}", pump.join().unwrap());

@@ -375,7 +375,7 @@ fn scrape(addr: &str, path: &str) -> (String, String) {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
+        .set_read_timeout(Some(Duration::from_secs(5) * common::slowdown()))
         .unwrap();
     write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
@@ -409,7 +409,7 @@ fn prometheus_endpoint_serves_the_counters() {
     let addr = loop {
         let line = watch
             .lines
-            .recv_timeout(Duration::from_secs(30))
+            .recv_timeout(Duration::from_secs(30) * common::slowdown())
             .expect("watch announces its metrics address");
         if let Some(rest) = line.split_once("serving metrics on http://") {
             break rest.1.trim_end_matches("/metrics").to_owned();
@@ -419,7 +419,7 @@ fn prometheus_endpoint_serves_the_counters() {
     send_and_read(&ns, &tap, FRAMES);
 
     // The exporter serves the last refresh: wait (bounded) for one after the traffic.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10) * common::slowdown();
     let body = loop {
         let (status, body) = scrape(&addr, "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK");

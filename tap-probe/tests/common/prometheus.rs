@@ -115,7 +115,8 @@ impl Prometheus {
             .spawn()
             .expect("prometheus starts");
         let mut server = Self { child, addr, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Its start reads and compiles the rules: seconds, ten times that under emulation.
+        let deadline = Instant::now() + Duration::from_secs(30) * super::slowdown();
         while std::net::TcpStream::connect(&server.addr).is_err()
             || http_get(&server.addr, "/-/ready").0 != "HTTP/1.0 200 OK"
         {

@@ -10,8 +10,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long `serve` may take to attach and say where it serves.
+/// How long `serve` may take to attach and say where it serves, on a machine that is not
+/// emulated (see [`super::slowdown`]).
 const STARTUP: Duration = Duration::from_mins(1);
+/// How long an HTTP response may take, likewise.
+const RESPONSE: Duration = Duration::from_secs(10);
 
 /// A running `serve` (possibly under wrappers such as `setpriv` or `strace`).
 pub(crate) struct Service {
@@ -74,7 +77,7 @@ impl Service {
             stdout: Some(stdout),
             addr: String::new(),
         };
-        let deadline = Instant::now() + STARTUP;
+        let deadline = Instant::now() + STARTUP * super::slowdown();
         service.addr = loop {
             if let Some(addr) = service.stderr().iter().find_map(|line| {
                 let rest = line.split("serving metrics on http://").nth(1)?;
@@ -185,7 +188,7 @@ fn kill_group(child: &mut Child) {
 pub(crate) fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(RESPONSE * super::slowdown()))
         .unwrap();
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
