@@ -210,7 +210,19 @@ pub(crate) fn short(watcher: &Watcher) -> Option<String> {
     if missed == 0 {
         return None;
     }
-    eprintln!("the kernel skipped {missed} runs of the programs: counts may be short");
+    let by_program: Vec<String> = watcher
+        .missed()
+        .iter()
+        .filter(|p| p.total() > 0)
+        .map(|p| match p.kprobe {
+            Some(hits) if hits > 0 => format!("{} {} runs, {hits} kprobe hits", p.program, p.runs),
+            _ => format!("{} {}", p.program, p.runs),
+        })
+        .collect();
+    eprintln!(
+        "the kernel skipped {missed} runs of the programs ({}): counts may be short",
+        by_program.join(", ")
+    );
     Some("the kernel skipped runs of its programs".to_owned())
 }
 

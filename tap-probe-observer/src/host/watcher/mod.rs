@@ -168,7 +168,13 @@ impl Watcher {
     /// before 6.7 do not count the kprobes' skips.
     #[must_use]
     pub fn missed_runs(&self) -> u64 {
-        self.0.host.missed().iter().map(ProgramMissed::total).sum()
+        self.missed().iter().map(ProgramMissed::total).sum()
+    }
+
+    /// What the kernel skipped of each attached program, as [`Watcher::missed_runs`] sums.
+    #[must_use]
+    pub fn missed(&self) -> Vec<ProgramMissed> {
+        self.0.host.missed()
     }
 
     /// Whether some counters come from kprobes while the kernel does not report their
