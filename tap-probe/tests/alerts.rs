@@ -187,7 +187,11 @@ fn predicted<'a>(name: &str, devices: &'a [Device]) -> BTreeSet<&'a str> {
 /// the devices' counters and qdiscs, and the programs' misses (`None` if the kernel's count
 /// moved while the expressions were evaluated).
 fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], misses: Option<Misses>) {
-    let gate = Gate::of_programs(BACKEND, misses.map_or(u64::MAX, |m| m.last.1));
+    const MOVED: &str = "the kernel skipped runs of the programs while the alerts were evaluated";
+    let gate = misses.map_or_else(
+        || Gate::always(BACKEND).unless(Some(MOVED)),
+        |m| Gate::of_programs(BACKEND, m.last.1),
+    );
     let mut checks = Checks::new();
     for (name, series) in fired {
         let got = names(series, devices);
@@ -208,10 +212,7 @@ fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], misses: Option<Misse
             }
             // The programs' own misses: a series of the exporter, of no device.
             _ => checks.eq(
-                &Gate::always(BACKEND).unless(misses.map_or(
-                    Some("the kernel skipped runs of the programs while the alerts were evaluated"),
-                    Misses::uncertain,
-                )),
+                &Gate::always(BACKEND).unless(misses.map_or(Some(MOVED), Misses::uncertain)),
                 Oracle::ProgramMisses,
                 !series.is_empty(),
                 misses.and_then(Misses::short_fires).unwrap_or_default(),

@@ -5,7 +5,7 @@
 //! - `retrying - ...`: the test ran its scenario again, and why;
 //! - `oracle: exact|bound|gated N ORACLE BACKEND [- WHY]`: the checks it made against an
 //!   oracle (see `tap-probe/tests/common/oracle.rs`);
-//! - `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the message's first line, in a
+//! - `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the message's first lines, in a
 //!   failed test's output: where and why it failed, for the last line of a failed run.
 
 use std::fmt;
@@ -57,7 +57,7 @@ pub(crate) struct Output {
     pub(crate) tallies: Vec<Tally>,
     /// Lines that start like an oracle tally but do not read as one.
     pub(crate) malformed: Vec<Said>,
-    /// Per failed test, where it panicked and the message's first line.
+    /// Per failed test, where it panicked and the message's first lines.
     pub(crate) panics: Vec<Said>,
 }
 

@@ -212,13 +212,9 @@ pub(crate) fn run(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
     let (lines, status) = cmd::run_collecting(&mut command)?;
     let said = output::read(&binary.label, &lines);
     if !status.success() {
-        let failures = said.failures();
-        let failures = if failures.is_empty() {
-            String::new()
-        } else {
-            format!(": {failures}")
-        };
-        bail!("`{}` failed ({status}){failures}", cmd::display(&command));
+        let mut why = vec![format!("`{}` failed ({status})", cmd::display(&command))];
+        why.extend((!said.panics.is_empty()).then(|| said.failures()));
+        bail!("{}", why.join(": "));
     }
     let result = lines
         .iter()

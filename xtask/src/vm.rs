@@ -441,19 +441,16 @@ fn boot(
         Err(err) => return (Err(err), None),
     };
     let outcome = &ran.booted.outcome;
-    let (results, said) = per_binary(&outcome.lines);
+    let PerBinary {
+        results,
+        said,
+        init_failures,
+    } = per_binary(&outcome.lines);
     let failure = (outcome.verdict != Verdict::Success).then(|| {
         // Which binaries failed (an abort or a timeout has no panic to show) and why.
         let mut why = vec![launch::describe(&outcome.verdict)];
-        why.extend(
-            outcome
-                .lines
-                .iter()
-                .filter_map(|line| line.strip_prefix("init: "))
-                .filter(|rest| rest.starts_with("/tests/") && failed_exit(rest))
-                .map(|rest| rest.split(" (uptime").next().unwrap_or(rest).to_owned()),
-        );
-        why.extend(said.panics.iter().map(ToString::to_string));
+        why.extend(init_failures);
+        why.extend((!said.panics.is_empty()).then(|| said.failures()));
         format!("{name}: {}", why.join("; "))
     });
     if failure.is_some() && (quiet || !alone) {
@@ -587,9 +584,10 @@ run() {{
 /// Per test binary, the counts from libtest's `test result:` line, the failed tests' names
 /// and init lines that report a failure; and everything the tests said. Read from the
 /// console, where `init: running /tests/LABEL` begins each binary's output.
-fn per_binary(lines: &[String]) -> (String, Output) {
+fn per_binary(lines: &[String]) -> PerBinary {
     let mut results = String::new();
     let mut said = Output::default();
+    let mut init_failures = Vec::new();
     let mut binary: Option<&str> = None;
     let mut failed: Vec<&str> = Vec::new();
     let mut output: Vec<&str> = Vec::new();
@@ -617,16 +615,31 @@ fn per_binary(lines: &[String]) -> (String, Output) {
             if !failed.is_empty() {
                 let _ = write!(results, "\n    failed: {}", failed.join(", "));
             }
-        } else if line
+        } else if let Some(rest) = line
             .strip_prefix("init: ")
-            .is_some_and(|rest| rest.ends_with("failed") || failed_exit(rest))
+            .filter(|rest| rest.ends_with("failed") || failed_exit(rest))
         {
             let _ = write!(results, "\n  {line}");
+            init_failures.push(rest.split(" (uptime").next().unwrap_or(rest).to_owned());
         }
         output.push(line);
     }
     flush(binary, &mut output);
-    (results, said)
+    PerBinary {
+        results,
+        said,
+        init_failures,
+    }
+}
+
+/// What the console said of the test binaries a guest ran.
+struct PerBinary {
+    /// Per binary, its `test result:` line and failed tests; init lines reporting a failure.
+    results: String,
+    said: Output,
+    /// The init's lines that report a failure (a binary's non-zero exit, a timeout), as
+    /// they read after `init: `.
+    init_failures: Vec<String>,
 }
 
 /// Whether an init line reports a non-zero exit: `PATH exited RC (uptime ...)`.
@@ -716,7 +729,12 @@ mod tests {
         ]
         .map(str::to_owned)
         .to_vec();
-        let (results, said) = per_binary(&lines);
+        let PerBinary {
+            results,
+            said,
+            init_failures,
+        } = per_binary(&lines);
+        assert_eq!(init_failures, ["/tests/exactness exited 101"]);
         assert!(
             results.contains("exactness: FAILED. 1 passed; 1 failed"),
             "{results}"
