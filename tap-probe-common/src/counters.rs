@@ -67,6 +67,8 @@ pub enum Source {
     Programs {
         /// The hook that counts it.
         hook: Hook,
+        /// Where the programs keep it.
+        store: Store,
         /// Reads the field.
         get: fn(&QueueCounters) -> u64,
     },
@@ -131,6 +133,19 @@ pub enum KernelStat {
     TxDroppedAtStart,
 }
 
+/// What Prometheus gets of a value. By default a device has one series per family, so that
+/// its series do not grow with its queues; `--per-queue` adds the `queue` label to every
+/// per-queue value and exports every family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Export {
+    /// Always. A per-queue value is summed over the device's queues by default (a flag then
+    /// counts the queues it holds for), per queue with `--per-queue`.
+    Device,
+    /// Only with `--per-queue`: a breakdown of another family, or a fact about the device's
+    /// baseline that dashboards and alerts do not need.
+    Detail,
+}
+
 /// One value of a row.
 #[derive(Clone, Copy, Debug)]
 pub struct Metric {
@@ -149,30 +164,48 @@ pub struct Metric {
     pub column: Option<&'static str>,
     /// The Prometheus family, without the `tap_probe_` prefix; `None`: not exported.
     pub prometheus: Option<&'static str>,
+    /// When it is exported.
+    pub export: Export,
     /// The trace event recorded with each increment (`tap-probe record`).
     pub event: Option<EventKind>,
 }
 
-/// Declares [`QueueCounters`], its CPU sum, [`MetricId`] and [`METRICS`] from one list of
-/// entries: `counter field as Id { hook, unit, .. }` for a field the programs count,
-/// `metric Id { name, help, .. }` for a value the loader computes.
+/// Where the programs keep a counter: in memory of their CPU, or in one copy per queue that
+/// every CPU adds to. See [`PerCpuCounters`] and [`SharedCounters`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// Counted on most packets: a plain increment of the CPU's own copy, which nothing else
+    /// writes, summed over CPUs by the loader. Costs its size times the host's CPUs per queue.
+    PerCpu,
+    /// Counted at most once per queue stop or per uncommon event: an atomic add to the
+    /// queue's one copy, whose cost does not grow with the host's CPUs.
+    Shared,
+}
+
+/// Declares [`QueueCounters`], [`PerCpuCounters`], [`SharedCounters`], their sums,
+/// [`MetricId`] and [`METRICS`] from one list of entries: `counter field as Id { hook, store,
+/// unit, .. }` for a field the programs count, `metric Id { name, help, .. }` for a value the
+/// loader computes.
 macro_rules! queue_metrics {
-    (@munch [$($def:tt)*] [$($field:ident)*] [$($id:tt)*] [$($metric:tt)*]
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($pc:ident)*] [$($sh:ident)*] [$($id:tt)*] [$($metric:tt)*]
         $(#[doc = $doc:literal])*
         counter $name:ident as $variant:ident {
             hook: $hook:ident,
+            store: $store:ident,
             unit: $unit:ident,
             $(event: $event:ident,)?
             $(requires: $requires:ident,)?
             column: $column:literal,
             prometheus: $prometheus:literal,
+            $(export: $export:ident,)?
             help: $help:literal $(,)?
         }
         $($rest:tt)*
     ) => {
-        queue_metrics!(@munch
+        queue_metrics!(@store $store
             [$($def)* $(#[doc = $doc])* pub $name: u64,]
             [$($field)* $name]
+            [$($pc)*] [$($sh)*] $name
             [$($id)* $(#[doc = $doc])* $variant,]
             [$($metric)* Metric {
                 id: MetricId::$variant,
@@ -180,41 +213,95 @@ macro_rules! queue_metrics {
                 help: $help,
                 kind: Kind::Counter,
                 unit: Unit::$unit,
-                source: Source::Programs { hook: Hook::$hook, get: |c| c.$name },
+                source: Source::Programs {
+                    hook: Hook::$hook,
+                    store: Store::$store,
+                    get: |c| c.$name,
+                },
                 requires: queue_metrics!(@requires $($requires)?),
                 column: Some($column),
                 prometheus: Some($prometheus),
+                export: queue_metrics!(@export $($export)?),
                 event: queue_metrics!(@event $($event)?),
             },]
             $($rest)*
         );
     };
-    (@munch [$($def:tt)*] [$($field:ident)*] [$($id:tt)*] [$($metric:tt)*]
+    (@store PerCpu [$($def:tt)*] [$($field:ident)*] [$($pc:ident)*] [$($sh:ident)*] $name:ident
+        [$($id:tt)*] [$($metric:tt)*] $($rest:tt)*
+    ) => {
+        queue_metrics!(@munch [$($def)*] [$($field)*] [$($pc)* $name] [$($sh)*] [$($id)*]
+            [$($metric)*] $($rest)*);
+    };
+    (@store Shared [$($def:tt)*] [$($field:ident)*] [$($pc:ident)*] [$($sh:ident)*] $name:ident
+        [$($id:tt)*] [$($metric:tt)*] $($rest:tt)*
+    ) => {
+        queue_metrics!(@munch [$($def)*] [$($field)*] [$($pc)*] [$($sh)* $name] [$($id)*]
+            [$($metric)*] $($rest)*);
+    };
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($pc:ident)*] [$($sh:ident)*] [$($id:tt)*] [$($metric:tt)*]
         metric $variant:ident { name: $name:literal, help: $help:literal, $($body:tt)* }
         $($rest:tt)*
     ) => {
         queue_metrics!(@munch
             [$($def)*]
             [$($field)*]
+            [$($pc)*]
+            [$($sh)*]
             // Its help is for Prometheus, plain text, so the id's documentation names it.
             [$($id)* #[doc = concat!("The value `", $name, "`.")] $variant,]
             [$($metric)* Metric { id: MetricId::$variant, name: $name, help: $help, $($body)* },]
             $($rest)*
         );
     };
-    (@munch [$($def:tt)*] [$($field:ident)*] [$($id:tt)*] [$($metric:tt)*]) => {
-        /// Counters of one transmit queue of one device: per CPU in the `COUNTERS` map, summed
-        /// over CPUs by the loader. Generated from the counter table in `counters.rs`.
+    (@munch [$($def:tt)*] [$($field:ident)*] [$($pc:ident)*] [$($sh:ident)*] [$($id:tt)*] [$($metric:tt)*]) => {
+        /// Counters of one transmit queue of one device, as the loader shows them: the
+        /// [`PerCpuCounters`] summed over CPUs and the [`SharedCounters`]. Generated from the
+        /// counter table in `counters.rs`.
         #[repr(C)]
         #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
         pub struct QueueCounters {
             $($def)*
         }
 
+        /// The counters of [`Store::PerCpu`]: one copy per CPU and queue in the programs'
+        /// per-CPU chunks, incremented without atomics.
+        #[repr(C)]
+        #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+        pub struct PerCpuCounters {
+            $(pub $pc: u64,)*
+        }
+
+        /// The counters of [`Store::Shared`]: one copy per queue, added to atomically.
+        #[repr(C)]
+        #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+        pub struct SharedCounters {
+            $(pub $sh: u64,)*
+        }
+
         impl core::ops::AddAssign for QueueCounters {
-            /// Adds another CPU's counts.
+            /// Adds another queue's, or another reading's, counts.
             fn add_assign(&mut self, other: Self) {
                 $(self.$field += other.$field;)*
+            }
+        }
+
+        impl core::ops::AddAssign for PerCpuCounters {
+            /// Adds another CPU's counts.
+            fn add_assign(&mut self, other: Self) {
+                $(self.$pc += other.$pc;)*
+            }
+        }
+
+        impl QueueCounters {
+            /// A queue's counters from its per-CPU counters summed over CPUs and its shared
+            /// ones.
+            #[must_use]
+            pub const fn of(per_cpu: &PerCpuCounters, shared: &SharedCounters) -> Self {
+                Self {
+                    $($pc: per_cpu.$pc,)*
+                    $($sh: shared.$sh,)*
+                }
             }
         }
 
@@ -230,10 +317,12 @@ macro_rules! queue_metrics {
     };
     (@requires) => { Requires::Nothing };
     (@requires $requires:ident) => { Requires::$requires };
+    (@export) => { Export::Device };
+    (@export $export:ident) => { Export::$export };
     (@event) => { None };
     (@event $event:ident) => { Some(EventKind::$event) };
     ($($entries:tt)*) => {
-        queue_metrics!(@munch [] [] [] [] $($entries)*);
+        queue_metrics!(@munch [] [] [] [] [] [] $($entries)*);
     };
 }
 
@@ -241,6 +330,7 @@ queue_metrics! {
     /// Calls into the driver's `ndo_start_xmit` (every `net:net_dev_xmit`).
     counter xmit_calls as XmitCalls {
         hook: Xmit,
+        store: PerCpu,
         unit: Packets,
         column: "XMIT",
         prometheus: "xmit_calls_total",
@@ -249,6 +339,7 @@ queue_metrics! {
     /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
     counter enqueued as Enqueued {
         hook: Xmit,
+        store: PerCpu,
         unit: Packets,
         event: Enqueued,
         column: "ENQUEUED",
@@ -258,6 +349,7 @@ queue_metrics! {
     /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
     counter busy as Busy {
         hook: Xmit,
+        store: Shared,
         unit: Packets,
         event: Busy,
         column: "BUSY",
@@ -270,6 +362,7 @@ queue_metrics! {
     /// dequeue behind a stop. With `busy`, every requeue the qdisc counts.
     counter requeued_stopped as RequeuedStopped {
         hook: Requeues,
+        store: Shared,
         unit: Packets,
         column: "REQ_STOP",
         prometheus: "requeued_stopped_total",
@@ -278,6 +371,7 @@ queue_metrics! {
     /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
     counter dropped_full_ring as DroppedFullRing {
         hook: Drops,
+        store: PerCpu,
         unit: Packets,
         event: DroppedFullRing,
         column: "FULL_RING",
@@ -288,6 +382,7 @@ queue_metrics! {
     /// driver return code that is neither OK nor BUSY.
     counter dropped_other as DroppedOther {
         hook: Drops,
+        store: Shared,
         unit: Packets,
         event: DroppedOther,
         column: "OTHER",
@@ -300,6 +395,7 @@ queue_metrics! {
     /// (RFC 4737's "reordered"). A retransmission takes a fresh ID, so it is not counted.
     counter reordered as Reordered {
         hook: Xmit,
+        store: Shared,
         unit: Packets,
         requires: Flows,
         column: "REORDERED",
@@ -312,6 +408,7 @@ queue_metrics! {
     /// is not counted.
     counter flows_joined as FlowsJoined {
         hook: Xmit,
+        store: Shared,
         unit: Events,
         requires: Flows,
         column: "FLOWS_JOINED",
@@ -322,6 +419,7 @@ queue_metrics! {
     /// tun/tap read path).
     counter consumed as Consumed {
         hook: Consumed,
+        store: PerCpu,
         unit: Packets,
         event: Consumed,
         column: "CONSUMED",
@@ -331,6 +429,7 @@ queue_metrics! {
     /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to set, as observed.
     counter queue_stops as QueueStops {
         hook: QueueState,
+        store: Shared,
         unit: Events,
         event: QueueStop,
         column: "STOPS",
@@ -340,6 +439,7 @@ queue_metrics! {
     /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to clear, as observed.
     counter queue_wakes as QueueWakes {
         hook: QueueState,
+        store: Shared,
         unit: Events,
         event: QueueWake,
         column: "WAKES",
@@ -350,38 +450,46 @@ queue_metrics! {
     /// read path, veth's NAPI poll of the peer.
     counter wakes_reader as WakesReader {
         hook: Wakes,
+        store: Shared,
         unit: Events,
         requires: WakeSources,
         column: "W_READER",
         prometheus: "wakes_reader_total",
+        export: Detail,
         help: "Queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).",
     }
     /// Wakes by vhost-net after a batched take from the ring (`tun_wake_queue`).
     counter wakes_vhost as WakesVhost {
         hook: Wakes,
+        store: Shared,
         unit: Events,
         requires: WakeSources,
         column: "W_VHOST",
         prometheus: "wakes_vhost_total",
+        export: Detail,
         help: "Queue wakes by vhost-net after a batched take (tun_wake_queue).",
     }
     /// Wakes that do not depend on the ring: a queue attached, the device reconfigured,
     /// the ring resized (`tun_force_wake_queue`).
     counter wakes_forced as WakesForced {
         hook: Wakes,
+        store: Shared,
         unit: Events,
         requires: WakeSources,
         column: "W_FORCED",
         prometheus: "wakes_forced_total",
+        export: Detail,
         help: "Queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).",
     }
     /// Wakes of a stopped queue from any other caller of `netif_tx_wake_queue`.
     counter wakes_other as WakesOther {
         hook: Wakes,
+        store: Shared,
         unit: Events,
         requires: WakeSources,
         column: "W_OTHER",
         prometheus: "wakes_other_total",
+        export: Detail,
         help: "Queue wakes from any other caller of netif_tx_wake_queue.",
     }
     /// The lost-race re-check inside the driver call that stopped the queue: the reader
@@ -390,16 +498,19 @@ queue_metrics! {
     /// `queue_stops` and `queue_wakes`.
     counter wakes_recheck as WakesRecheck {
         hook: Wakes,
+        store: Shared,
         unit: Events,
         requires: WakeSources,
         column: "W_RECHECK",
         prometheus: "wakes_recheck_total",
+        export: Detail,
         help: "Stops undone by the driver's own re-check within the driver call (a lost race).",
     }
     /// Nanoseconds spent stopped, summed over completed stop..wake intervals (the loader
     /// adds a stop still running when it shows the value).
     counter stopped_ns as StoppedNs {
         hook: QueueState,
+        store: Shared,
         unit: Nanoseconds,
         column: "STOPPED",
         prometheus: "stopped_seconds_total",
@@ -414,6 +525,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: None,
         prometheus: Some("queue_stopped"),
+        export: Export::Device,
         event: None,
     }
     metric Stuck {
@@ -425,6 +537,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("STUCK"),
         prometheus: Some("queue_stuck"),
+        export: Export::Device,
         event: None,
     }
     /// Times the queue's reader slept between two packets it took: the growth of the
@@ -433,6 +546,7 @@ queue_metrics! {
     /// `reader_sleeps / consumed` is the wake-ups per packet delivered.
     counter reader_sleeps as ReaderSleeps {
         hook: Consumed,
+        store: PerCpu,
         unit: Events,
         column: "SLEEPS",
         prometheus: "reader_sleeps_total",
@@ -447,6 +561,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: None,
         prometheus: None,
+        export: Export::Detail,
         event: None,
     }
     metric RingOccupancy {
@@ -458,6 +573,7 @@ queue_metrics! {
         requires: Requires::TunRing,
         column: Some("RING"),
         prometheus: Some("ring_occupancy"),
+        export: Export::Device,
         event: None,
     }
     metric Backpressure {
@@ -469,6 +585,7 @@ queue_metrics! {
         requires: Requires::Tun,
         column: Some("BP"),
         prometheus: Some("backpressure"),
+        export: Export::Device,
         event: None,
     }
     metric KernelTxPackets {
@@ -480,6 +597,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_TX_PKTS"),
         prometheus: Some("kernel_tx_packets_total"),
+        export: Export::Device,
         event: None,
     }
     metric KernelTxDropped {
@@ -491,6 +609,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_TX_DROP"),
         prometheus: Some("kernel_tx_dropped_total"),
+        export: Export::Device,
         event: None,
     }
     metric FromBirth {
@@ -502,6 +621,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("BIRTH"),
         prometheus: Some("tracked_from_birth"),
+        export: Export::Device,
         event: None,
     }
     metric KernelTxPacketsAtStart {
@@ -513,6 +633,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_TX0"),
         prometheus: Some("kernel_tx_packets_at_start"),
+        export: Export::Detail,
         event: None,
     }
     metric KernelTxDroppedAtStart {
@@ -524,6 +645,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_DROP0"),
         prometheus: Some("kernel_tx_dropped_at_start"),
+        export: Export::Detail,
         event: None,
     }
     metric KernelSkew {
@@ -535,6 +657,7 @@ queue_metrics! {
         requires: Requires::Nothing,
         column: Some("K_SKEW"),
         prometheus: Some("kernel_skew_packets"),
+        export: Export::Detail,
         event: None,
     }
 }

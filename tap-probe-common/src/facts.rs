@@ -57,7 +57,7 @@ pub struct WakeRange {
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Driver {
     pub start_xmit: u64,
-    /// `DeviceSlot::flags` of its devices ([`crate::DEVICE_TUN`] for tun/tap).
+    /// `DeviceEntry::flags` of its devices ([`crate::DEVICE_TUN`] for tun/tap).
     pub flags: u32,
     pub reserved: u32,
 }

@@ -23,7 +23,8 @@ mod maps;
 mod names;
 
 pub use counters::{
-    Hook, KernelStat, Kind, METRICS, Metric, MetricId, QueueCounters, Requires, Source, Unit,
+    Export, Hook, KernelStat, Kind, METRICS, Metric, MetricId, PerCpuCounters, QueueCounters,
+    Requires, SharedCounters, Source, Store, Unit,
 };
 pub use events::{
     EVENTS_PER_WAKEUP, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES,
@@ -36,19 +37,18 @@ pub use names::*;
 #[cfg(feature = "user")]
 mod pod {
     use super::{
-        Dequeued, DeviceKey, DeviceSlot, DropKey, InFlight, KernelFacts, QueueCounters,
-        ReaderState, RingSamples, TraceEvent,
+        DeviceEntry, DeviceKey, DropKey, KernelFacts, PerCpuCounters, QueueKey, QueueShared,
+        QueueSlot, TraceEvent,
     };
 
     // SAFETY: all are `#[repr(C)]`, made of integers, with no implicit padding.
     unsafe impl aya::Pod for DeviceKey {}
-    unsafe impl aya::Pod for DeviceSlot {}
-    unsafe impl aya::Pod for QueueCounters {}
+    unsafe impl aya::Pod for DeviceEntry {}
+    unsafe impl aya::Pod for QueueKey {}
+    unsafe impl aya::Pod for QueueSlot {}
+    unsafe impl aya::Pod for PerCpuCounters {}
+    unsafe impl aya::Pod for QueueShared {}
     unsafe impl aya::Pod for DropKey {}
-    unsafe impl aya::Pod for InFlight {}
-    unsafe impl aya::Pod for ReaderState {}
     unsafe impl aya::Pod for KernelFacts {}
     unsafe impl aya::Pod for TraceEvent {}
-    unsafe impl aya::Pod for RingSamples {}
-    unsafe impl aya::Pod for Dequeued {}
 }

@@ -1,13 +1,17 @@
 //! The keys and values of the probe's maps, and how many of each it holds.
 
-/// Queue slots the counter map holds. A device takes as many consecutive slots as it has
-/// transmit queues; see [`DeviceSlot`].
-pub const MAX_QUEUE_SLOTS: u32 = 16384;
-/// Queues counted per device; a multi-queue tap allocates 256 (`MAX_TAP_QUEUES`) but uses as
-/// many as it has readers.
-pub const MAX_QUEUES_PER_DEVICE: u32 = 64;
-/// Devices tracked at once.
-pub const MAX_DEVICES: u32 = 1024;
+/// Queue slots in a chunk of the probe's per-queue storage. The loader creates chunks as
+/// devices appear and drops them as they go, so the kernel memory the probe holds follows the
+/// queues present: the per-CPU part of a chunk costs `CHUNK_SLOTS * size_of::<PerCpuCounters>()`
+/// bytes times the host's CPUs.
+pub const CHUNK_SLOTS: u32 = 128;
+/// Chunks at most: `MAX_QUEUE_SLOTS / CHUNK_SLOTS`.
+pub const MAX_CHUNKS: u32 = 128;
+/// Queues counted at once, over every device: a slot each. Sizes `QUEUES`, the one table
+/// allocated for the most the probe can hold (about 1.4 MB, whatever the host's CPUs).
+pub const MAX_QUEUE_SLOTS: u32 = CHUNK_SLOTS * MAX_CHUNKS;
+/// Devices tracked or left out at once.
+pub const MAX_DEVICES: u32 = 4096;
 /// (queue slot, drop reason) pairs counted at once.
 pub const MAX_DROP_KEYS: u32 = 8192;
 /// Drivers whose devices the programs recognise by their transmit function: tun/tap, veth,
@@ -30,22 +34,28 @@ pub const MAX_DIRECT_XMIT_DEPTH: usize = 4;
 /// Buckets of the ring occupancy histogram: bucket 0 holds 0, bucket `k` holds
 /// `2^(k-1) ..= 2^k - 1`, the last one everything from `2^(OCCUPANCY_BUCKETS - 2)` up.
 pub const OCCUPANCY_BUCKETS: usize = 18;
+/// Entries of each CPU's cache of the queues it looked up last (`QueueCache`): a CPU
+/// that transmits on one queue and reads another (a vhost thread beside its sender) keeps
+/// both.
+pub const QUEUE_CACHE_ENTRIES: u32 = 4;
 
-/// `DeviceSlot::flags`: the device is a tun/tap, whose `ptr_ring` the programs sample.
+/// `DeviceEntry::flags`: the device is a tun/tap, whose `ptr_ring` the programs sample.
 pub const DEVICE_TUN: u32 = 1;
-/// `DeviceSlot::flags`: the programs registered the device themselves, at its first packet,
-/// in a spare range of slots (see [`SPARE_SINGLE_COUNT`]).
+/// `DeviceEntry::flags`: the programs registered the device themselves, at its first
+/// packet (one created since attach).
 pub const DEVICE_BY_PROBES: u32 = 2;
+/// `DeviceEntry::flags`: the device is left out: the programs neither count it nor
+/// register its queues.
+pub const DEVICE_LEFT_OUT: u32 = 4;
 
-/// Single slots the loader keeps ready for devices with one transmit queue that the
-/// programs meet before the loader knows them (a tap created after attach): each new
-/// device takes one at its first packet, so nothing it does goes uncounted.
-pub const SPARE_SINGLE_COUNT: u32 = 256;
-/// Ranges of [`MAX_QUEUES_PER_DEVICE`] slots kept ready for new multi-queue devices.
-pub const SPARE_RANGE_COUNT: u32 = 16;
+/// Free slots the loader keeps ready, zeroed, for queues the programs meet before the
+/// loader knows them (a tap created after attach, a queue attached since): each takes one
+/// at its first packet, so nothing it does goes uncounted. The loader tops them up at every
+/// refresh and as soon as it sees some taken.
+pub const SPARE_SLOTS: u32 = 128;
 
-/// `QUEUE_STATE` of a queue whose tracking began mid-life: its stop state is not known
-/// until the programs first look at it (0 is running, `since_ns | 1` stopped).
+/// `QueueShared::state` of a queue whose tracking began mid-life: its stop state is not
+/// known until the programs first look at it (0 is running, `since_ns | 1` stopped).
 pub const QUEUE_STATE_UNKNOWN: u64 = 2;
 
 /// A network device as the kernel names it across namespaces: the inode number of its
@@ -57,15 +67,31 @@ pub struct DeviceKey {
     pub ifindex: u32,
 }
 
-/// Where a tracked device's counters live: slots `base .. base + queues` of `COUNTERS`.
+/// A device the programs know of (`DEVICES`): tracked, or left out.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceSlot {
-    pub base: u32,
-    pub queues: u32,
-    /// [`DEVICE_TUN`] or 0.
+pub struct DeviceEntry {
+    /// `DEVICE_*` flags.
     pub flags: u32,
     pub reserved: u32,
+}
+
+/// One transmit queue of a device (`QUEUES`' key).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueKey {
+    pub device: DeviceKey,
+    pub queue: u32,
+}
+
+/// Where a tracked queue is counted (`QUEUES`' value): its slot in the chunks, and its
+/// device's flags.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueSlot {
+    pub slot: u32,
+    /// `DeviceEntry::flags` of its device.
+    pub flags: u32,
 }
 
 /// The last reader of a queue, at its last take: whose voluntary context switches to
@@ -105,28 +131,29 @@ pub struct InFlight {
     pub queue: u16,
     /// Set once `kfree_skb` saw this skb freed inside the driver.
     pub dropped: u16,
-    /// `DeviceCache::flags` of the device.
+    /// `QueueCache::flags` of the device.
     pub flags: u32,
     pub reserved: u32,
 }
 
-/// The last device a CPU looked up, so consecutive packets of one device skip the hash
-/// lookup and the reads behind it. Valid while `generation` is current and the device at
-/// `dev` still has `key.ifindex` (ifindexes are not reused at once).
+/// A queue a CPU looked up lately (`QUEUE_CACHE_ENTRIES` per CPU), so consecutive packets
+/// of one queue skip the hash lookups and the reads behind them. Valid while `generation`
+/// is current and the device at `dev` still has `key.ifindex` (ifindexes are not reused at
+/// once).
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default)]
-pub struct DeviceCache {
+pub struct QueueCache {
     pub dev: u64,
     pub generation: u64,
     /// The device's namespace (`dev_net(dev)`) when the entry was filled: with `key.ifindex`,
     /// what tells the device from another one later allocated at the same address.
     pub net: u64,
     pub key: DeviceKey,
-    pub base: u32,
-    /// 0 when the device is not tracked (a negative entry).
-    pub queues: u32,
-    /// `DeviceSlot::flags`, with [`DEVICE_TUN`] cleared when the device's private area does
-    /// not point back at it (checked once per fill).
+    pub queue: u32,
+    pub slot: u32,
+    /// `DeviceEntry::flags` of the device, with [`DEVICE_TUN`] cleared when the device's
+    /// private area does not point back at it (checked once per fill); `DEVICE_LEFT_OUT`
+    /// for a device not counted (a negative entry).
     pub flags: u32,
     pub reserved: u32,
     /// `dev` and `generation` again, written last: an entry whose seal does not match them
@@ -171,6 +198,32 @@ pub struct Dequeued {
     pub reserved: u16,
     /// Driver calls with other skbs since `skbs[seen]` became the next one: its segments.
     pub calls: u32,
+}
+
+/// Everything the programs keep of one queue besides its [`PerCpuCounters`]: one copy per
+/// slot in the shared chunks, written by whichever CPU handles the queue. What the transmit
+/// side writes at every packet comes first, the reader's own next, the rare rest last, so
+/// that the sender's and the reader's CPUs do not pull one cache line between them.
+///
+/// [`PerCpuCounters`]: crate::PerCpuCounters
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueShared {
+    /// 0 while the queue runs, `since_ns | 1` while it is stopped, [`QUEUE_STATE_UNKNOWN`]
+    /// before the first look at a queue whose tracking began mid-life.
+    pub state: u64,
+    /// The `net_device` the slot counts, written when the queue is looked up, for the ring
+    /// sampler the loader runs.
+    pub dev: u64,
+    /// Its last dequeue, followed to the driver (the tracepoint source of
+    /// `requeued_stopped`).
+    pub dequeued: Dequeued,
+    /// Its reader at the last take.
+    pub reader: ReaderState,
+    /// The counters of [`crate::Store::Shared`], added to atomically.
+    pub counters: crate::SharedCounters,
+    /// Its ring's occupancy samples.
+    pub occupancy: RingSamples,
 }
 
 /// An `sch_direct_xmit` in progress on a CPU: where its packets go, how many it was handed,

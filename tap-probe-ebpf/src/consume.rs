@@ -3,24 +3,16 @@
 
 use aya_ebpf::{
     helpers::generated::bpf_get_current_task_btf,
-    macros::{btf_tracepoint, kprobe, map},
-    maps::Array,
+    macros::{btf_tracepoint, kprobe},
     programs::{BtfTracePointContext, ProbeContext},
 };
-use tap_probe_common::{EventKind, MAX_QUEUE_SLOTS, MAX_READER_RANGES, ReaderState};
+use tap_probe_common::{EventKind, MAX_READER_RANGES};
 
 use crate::clock::Clock;
-use crate::counters::counters;
 use crate::device::locate_skb;
 use crate::events::record_at;
 use crate::facts::{KERNEL, Mem, Probed, Typed, fact};
-
-/// Per queue slot: its reader at the last take. Shared between CPUs without atomics: a
-/// queue's reader is one thread (a tap queue is one file, read by the thread that owns it),
-/// and its takes do not overlap; two threads taking turns on one queue only reset each
-/// other's baseline, so sleeps are then undercounted, never invented.
-#[map]
-static READERS: Array<ReaderState> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
+use crate::storage::{per_cpu, shared};
 
 /// A free of `skb` called from `location`: the reader's take when freed from the tun/tap
 /// read path (`tun_do_read`: `tun_put_user`, then `consume_skb`), which is also where tun
@@ -38,7 +30,7 @@ fn freed_after_use<M: Mem>(skb: u64, location: u64) {
         return;
     };
     let mut clock = Clock::new();
-    if let Some(c) = counters(at.slot) {
+    if let Some(c) = per_cpu(at.slot) {
         c.consumed += 1;
         c.reader_sleeps += reader_sleeps_since_last_take(at.slot);
         record_at(at, EventKind::Consumed, 0, &mut clock);
@@ -48,6 +40,11 @@ fn freed_after_use<M: Mem>(skb: u64, location: u64) {
 
 /// Called in the reader's context at each take: how many times the current thread slept
 /// voluntarily since its previous take from the same queue (0 at its first take).
+///
+/// The queue's last reader (`QueueShared::reader`) is shared between CPUs without atomics:
+/// a queue's reader is one thread (a tap queue is one file, read by the thread that owns
+/// it), and its takes do not overlap; two threads taking turns on one queue only reset each
+/// other's baseline, so sleeps are then undercounted, never invented.
 #[inline(always)]
 fn reader_sleeps_since_last_take(slot: u32) -> u64 {
     // The running task: its address names the thread (one helper call fewer than the tid),
@@ -56,11 +53,10 @@ fn reader_sleeps_since_last_take(slot: u32) -> u64 {
     let Some(nvcsw) = Typed::read::<u64>(task, fact!(task_nvcsw)) else {
         return 0;
     };
-    let Some(last) = READERS.get_ptr_mut(slot) else {
+    let Some(s) = shared(slot) else {
         return 0;
     };
-    // SAFETY: see READERS.
-    let last = unsafe { &mut *last };
+    let last = &mut s.reader;
     // A count that went down is another thread whose task_struct reuses the memory of an
     // exited one: a new baseline, like any other change of reader.
     let slept = if last.task == task && nvcsw >= last.nvcsw {

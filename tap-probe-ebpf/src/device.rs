@@ -1,12 +1,14 @@
-//! Which devices are counted, and where each of their queues is counted.
+//! Which queues are counted, and in which slot each is counted.
 //!
 //! A device of a counted driver (tun/tap, veth) is recognised by its transmit function
 //! (`dev->netdev_ops->ndo_start_xmit`, compared with the addresses kallsyms gave): the first
-//! comparison every program makes, so the host's other traffic leaves at once. A recognised
-//! device is looked up in `DEVICES`, where the loader puts the devices it found with a range
-//! of slots (one per transmit queue). One the loader does not know yet (created since attach)
-//! the programs register themselves at its first packet, in a spare range the loader keeps
-//! ready (`SPARE_SINGLES`, `SPARE_RANGES`), so nothing a new device does goes uncounted.
+//! comparison every program makes, so the host's other traffic leaves at once. A queue of
+//! a recognised device is looked up in `QUEUES`, where the loader puts the queues of the
+//! devices it found, a slot each. One it does not find the programs register themselves at
+//! its first packet, in a spare slot the loader keeps ready (`SPARE_SLOTS`): a queue the
+//! device's holder attached since tracking began, or a device created since attach (then
+//! `DEVICES` gets it too), so nothing a queue does goes uncounted. `DEVICES` also holds the
+//! devices the loader leaves out, which the programs then skip.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -14,52 +16,38 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, Queue},
 };
 use tap_probe_common::{
-    DEVICE_BY_PROBES, DeviceCache, DeviceKey, DeviceSlot, MAX_DEVICES, MAX_DRIVERS,
-    MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, SETTING_REGISTER, SPARE_RANGE_COUNT,
-    SPARE_SINGLE_COUNT,
+    DEVICE_BY_PROBES, DEVICE_LEFT_OUT, DeviceEntry, DeviceKey, MAX_DEVICES, MAX_DRIVERS,
+    MAX_QUEUE_SLOTS, QUEUE_CACHE_ENTRIES, QueueCache, QueueKey, QueueSlot, SETTING_REGISTER,
 };
 
 use crate::facts::{KERNEL, Mem, fact};
 
 #[map]
-static DEVICES: HashMap<DeviceKey, DeviceSlot> = HashMap::with_max_entries(MAX_DEVICES, 0);
+static DEVICES: HashMap<DeviceKey, DeviceEntry> = HashMap::with_max_entries(MAX_DEVICES, 0);
 
-/// Bumped by the loader after every change it makes to `DEVICES`: invalidates the caches
-/// below. (A device the programs register needs no bump: no cache holds it yet.)
+#[map]
+static QUEUES: HashMap<QueueKey, QueueSlot> = HashMap::with_max_entries(MAX_QUEUE_SLOTS, 0);
+
+/// Bumped by the loader after every change it makes to `DEVICES` or `QUEUES`: invalidates
+/// the caches below. (A queue the programs register needs no bump: no cache holds it yet.)
 #[map]
 static GENERATION: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
-static DEVICE_CACHE: PerCpuArray<DeviceCache> = PerCpuArray::with_max_entries(1, 0);
+static QUEUE_CACHE: PerCpuArray<QueueCache> = PerCpuArray::with_max_entries(QUEUE_CACHE_ENTRIES, 0);
 
-/// Bases of free single slots, zeroed, for new devices with one transmit queue.
+/// Free slots, zeroed, for new queues.
 #[map]
-static SPARE_SINGLES: Queue<u32> = Queue::with_max_entries(SPARE_SINGLE_COUNT, 0);
+static SPARE_SLOTS: Queue<u32> = Queue::with_max_entries(tap_probe_common::SPARE_SLOTS, 0);
 
-/// Bases of free ranges of `MAX_QUEUES_PER_DEVICE` slots, zeroed, for new multi-queue
-/// devices.
-#[map]
-static SPARE_RANGES: Queue<u32> = Queue::with_max_entries(SPARE_RANGE_COUNT, 0);
-
-/// Events of new devices that found no spare slots left: counts that are short.
+/// Events of new queues that found no spare slot left: counts that are short.
 #[map]
 static NO_ROOM: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// Devices the programs registered, per CPU: the loader looks for them in `DEVICES` when
-/// this grows.
+/// Devices and queues the programs registered, per CPU: the loader looks for them when this
+/// grows.
 #[map]
 static REGISTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-/// Per queue slot: the `net_device` it counts, written when the slot's device is looked up,
-/// for the ring sampler that the loader runs (`ring::sample_rings`).
-#[map]
-static SLOT_DEV: Array<u64> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
-
-/// The `net_device` the slots from `base` count, as the programs last saw it (0 before).
-#[inline(always)]
-pub(crate) fn slot_dev(base: u32) -> Option<u64> {
-    SLOT_DEV.get(base).copied()
-}
 
 /// Switches the loader sets once it knows what attached (see `SETTING_*`).
 #[map]
@@ -71,17 +59,17 @@ pub(crate) fn setting(index: u32) -> bool {
     SETTINGS.get(index).is_some_and(|v| *v != 0)
 }
 
-/// Where an event happened: the device, its queue, and that queue's counter slot.
+/// Where an event happened: the device, its queue, and that queue's slot.
 #[derive(Clone, Copy)]
 pub(crate) struct At {
     pub(crate) key: DeviceKey,
     pub(crate) slot: u32,
     pub(crate) queue: u16,
-    /// `DeviceSlot::flags`.
+    /// `DeviceEntry::flags`.
     pub(crate) flags: u32,
 }
 
-/// The `DeviceSlot::flags` of the driver whose transmit function `dev` has, if it is one
+/// The `DeviceEntry::flags` of the driver whose transmit function `dev` has, if it is one
 /// whose devices are counted: one load of `dev->netdev_ops`, one of its `ndo_start_xmit`,
 /// and a comparison per driver.
 #[inline(always)]
@@ -102,27 +90,40 @@ pub(crate) fn driver<M: Mem>(dev: u64) -> Option<u32> {
     None
 }
 
-/// The counted device at `dev`, through this CPU's one-entry cache; `None` when `dev` is
-/// not a counted driver's, or the loader left it out (a negative entry, `queues == 0`).
+/// Queue `queue` of the device at `dev`, if it is counted: through this CPU's cache, else
+/// `QUEUES`, else registered now. `None` when `dev` is not a counted driver's, the loader
+/// left it out (a negative entry), or it cannot be registered.
 ///
-/// The cache holds the last device looked up on this CPU. It is valid while the loader's
-/// generation is the one it was filled with and the device at `dev` still has its ifindex
-/// and namespace: the memory of a device that went may be another device's before the
-/// loader has seen the first go.
+/// A cache entry is valid while the loader's generation is the one it was filled with and
+/// the device at `dev` still has its ifindex and namespace: the memory of a device that
+/// went may be another device's before the loader has seen the first go. Entries are
+/// picked by ifindex and queue, so a CPU that sends on one queue and reads another, or
+/// serves two devices, keeps each.
 #[inline(always)]
-pub(crate) fn device<M: Mem>(dev: u64) -> Option<DeviceCache> {
-    // Plain loads: the driver first, which every other device fails at once. Through the
-    // probe helper (a kprobe, on a driver's own function) the cache goes first, and a hit
-    // is checked by its ifindex alone.
-    let driver_flags = if M::CHEAP {
-        Some(driver::<M>(dev)?)
+pub(crate) fn locate<M: Mem>(dev: u64, queue: u16) -> Option<At> {
+    lookup::<M>(dev, queue, recognised::<M>(dev)?)
+}
+
+/// With plain loads, the driver's flags: the first check, which every other device fails
+/// at once (`None`). Through the probe helper (a kprobe, on a driver's own function) the
+/// cache goes first, and a hit is checked by its ifindex alone: `Some(None)`.
+#[inline(always)]
+fn recognised<M: Mem>(dev: u64) -> Option<Option<u32>> {
+    if M::CHEAP {
+        Some(Some(driver::<M>(dev)?))
     } else {
-        None
-    };
+        Some(None)
+    }
+}
+
+/// [`locate`] once the driver is recognised (`driver_flags`, where it was read).
+#[inline(always)]
+fn lookup<M: Mem>(dev: u64, queue: u16, driver_flags: Option<u32>) -> Option<At> {
     let generation = GENERATION.get(0).copied().unwrap_or(0);
-    let cache = DEVICE_CACHE.get_ptr_mut(0)?;
-    let cached = load(cache);
     let ifindex: u32 = M::read(dev, fact!(dev_ifindex))?;
+    let index = ifindex.wrapping_add(u32::from(queue)) & (QUEUE_CACHE_ENTRIES - 1);
+    let cache = QUEUE_CACHE.get_ptr_mut(index)?;
+    let cached = load(cache);
     let net: u64 = if M::CHEAP {
         M::read(dev, fact!(dev_net))?
     } else {
@@ -132,9 +133,10 @@ pub(crate) fn device<M: Mem>(dev: u64) -> Option<DeviceCache> {
         && c.dev == dev
         && c.generation == generation
         && c.key.ifindex == ifindex
+        && c.queue == u32::from(queue)
         && (!M::CHEAP || c.net == net)
     {
-        return (c.queues != 0).then_some(c);
+        return at(&c);
     }
     let net: u64 = if M::CHEAP {
         net
@@ -146,77 +148,125 @@ pub(crate) fn device<M: Mem>(dev: u64) -> Option<DeviceCache> {
         netns_inode,
         ifindex,
     };
-    // SAFETY: the value is copied out before any other map operation.
-    let slot = if let Some(slot) = unsafe { DEVICES.get(key) }.copied() {
-        slot
-    } else {
-        let flags = match driver_flags {
-            Some(flags) => flags,
-            None => driver::<M>(dev)?,
-        };
-        register::<M>(dev, key, flags)?
+    let qkey = QueueKey {
+        device: key,
+        queue: u32::from(queue),
     };
-    let entry = DeviceCache {
+    // SAFETY: the value is copied out before any other map operation.
+    let found = if let Some(q) = unsafe { QUEUES.get(qkey) }.copied() {
+        q
+    } else {
+        // SAFETY: as above.
+        let flags = if let Some(d) = unsafe { DEVICES.get(key) }.copied() {
+            d.flags
+        } else {
+            let flags = match driver_flags {
+                Some(flags) => flags,
+                None => driver::<M>(dev)?,
+            };
+            register_device(key, flags)?
+        };
+        if flags & DEVICE_LEFT_OUT != 0 {
+            QueueSlot { slot: 0, flags }
+        } else {
+            register_queue(qkey, flags)?
+        }
+    };
+    let counted = found.flags & DEVICE_LEFT_OUT == 0;
+    let entry = QueueCache {
         dev,
         generation,
         net,
         key,
-        base: slot.base,
-        queues: slot.queues,
-        flags: slot.flags & crate::ring::tun_checked(dev, slot.flags),
+        queue: u32::from(queue),
+        slot: found.slot,
+        flags: if counted {
+            found.flags & crate::ring::tun_checked(dev, found.flags)
+        } else {
+            found.flags
+        },
         reserved: 0,
         sealed_dev: dev,
         sealed_generation: generation,
     };
     store(cache, &entry);
-    if slot.queues != 0
-        && let Some(at) = SLOT_DEV.get_ptr_mut(slot.base)
-    {
-        // SAFETY: a map value; written again on every fill, read only by the sampler.
-        unsafe { *at = dev };
+    if counted && let Some(s) = crate::storage::shared(found.slot) {
+        // Written again on every fill, read only by the sampler.
+        s.dev = dev;
     }
-    (entry.queues != 0).then_some(entry)
+    at(&entry)
 }
 
-/// Registers a device the loader does not know (created since attach) in a spare range,
-/// at its first packet: `None` when the loader has not turned registration on, or no spare
-/// range is left (the event is then counted in `NO_ROOM`).
+/// The queue a cache entry names, unless its device is left out.
 #[inline(always)]
-fn register<M: Mem>(dev: u64, key: DeviceKey, driver_flags: u32) -> Option<DeviceSlot> {
+fn at(c: &QueueCache) -> Option<At> {
+    #[expect(clippy::cast_possible_truncation, reason = "a queue index the kernel keeps in 16 bits")]
+    (c.flags & DEVICE_LEFT_OUT == 0).then_some(At {
+        key: c.key,
+        slot: c.slot,
+        queue: c.queue as u16,
+        flags: c.flags,
+    })
+}
+
+/// Registers a device the loader does not know (created since attach) at its first packet,
+/// with its driver's flags: `None` when the loader has not turned registration on, or the
+/// device map is full.
+#[inline(always)]
+fn register_device(key: DeviceKey, driver_flags: u32) -> Option<u32> {
     if !setting(SETTING_REGISTER) {
         return None;
     }
-    let queues: u32 = M::read(dev, fact!(dev_num_tx_queues))?;
-    let (queues, pool) = if queues <= 1 {
-        (1, &SPARE_SINGLES)
-    } else {
-        (queues.min(MAX_QUEUES_PER_DEVICE), &SPARE_RANGES)
-    };
-    let Ok(Some(base)) = pool.pop() else {
-        if let Some(n) = NO_ROOM.get_ptr_mut(0) {
-            // SAFETY: per-CPU.
-            unsafe { *n += 1 };
-        }
-        return None;
-    };
-    let slot = DeviceSlot {
-        base,
-        queues,
+    let entry = DeviceEntry {
         flags: driver_flags | DEVICE_BY_PROBES,
         reserved: 0,
     };
-    if DEVICES.insert(key, slot, u64::from(BPF_NOEXIST)).is_ok() {
-        if let Some(n) = REGISTERED.get_ptr_mut(0) {
-            // SAFETY: per-CPU.
-            unsafe { *n += 1 };
-        }
-        return Some(slot);
+    if DEVICES.insert(key, entry, u64::from(BPF_NOEXIST)).is_ok() {
+        bump(&REGISTERED);
+        return Some(entry.flags);
     }
-    // Another CPU registered it first (or the map is full): give the range back and take
-    // whatever is there.
-    let _ = pool.push(base, 0);
+    // Another CPU registered it first, or the map is full.
     // SAFETY: copied out at once.
-    unsafe { DEVICES.get(key) }.copied()
+    match unsafe { DEVICES.get(key) }.copied() {
+        Some(d) => Some(d.flags),
+        None => {
+            bump(&NO_ROOM);
+            None
+        }
+    }
+}
+
+/// Registers a queue of a device in `DEVICES` in a spare slot, at its first packet: `None`
+/// when no spare slot is left (the event is then counted in `NO_ROOM`).
+#[inline(always)]
+fn register_queue(qkey: QueueKey, flags: u32) -> Option<QueueSlot> {
+    let Ok(Some(slot)) = SPARE_SLOTS.pop() else {
+        bump(&NO_ROOM);
+        return None;
+    };
+    let value = QueueSlot { slot, flags };
+    if QUEUES.insert(qkey, value, u64::from(BPF_NOEXIST)).is_ok() {
+        bump(&REGISTERED);
+        return Some(value);
+    }
+    // Another CPU registered it first (or the map is full): give the slot back and take
+    // whatever is there.
+    let _ = SPARE_SLOTS.push(slot, 0);
+    // SAFETY: copied out at once.
+    let found = unsafe { QUEUES.get(qkey) }.copied();
+    if found.is_none() {
+        bump(&NO_ROOM);
+    }
+    found
+}
+
+/// Adds one to this CPU's count in `map`.
+#[inline(always)]
+fn bump(map: &PerCpuArray<u64>) {
+    if let Some(n) = map.get_ptr_mut(0) {
+        // SAFETY: per-CPU.
+        unsafe { *n += 1 };
+    }
 }
 
 /// This CPU's cache entry, if it is whole.
@@ -228,19 +278,19 @@ fn register<M: Mem>(dev: u64, key: DeviceKey, driver_flags: u32) -> Option<Devic
 /// last. Whatever interrupts either one runs to its end before it goes on, so a torn
 /// entry, or a torn copy of one, has a seal that does not match and is refilled.
 #[inline(always)]
-fn load(cache: *const DeviceCache) -> Option<DeviceCache> {
+fn load(cache: *const QueueCache) -> Option<QueueCache> {
     use core::ptr::{addr_of, read_volatile};
     // SAFETY: `cache` is this CPU's map value; volatile keeps the reads in this order.
     unsafe {
         let sealed_dev = read_volatile(addr_of!((*cache).sealed_dev));
         let sealed_generation = read_volatile(addr_of!((*cache).sealed_generation));
-        let mut entry = DeviceCache {
+        let mut entry = QueueCache {
             net: read_volatile(addr_of!((*cache).net)),
             key: read_volatile(addr_of!((*cache).key)),
-            base: read_volatile(addr_of!((*cache).base)),
-            queues: read_volatile(addr_of!((*cache).queues)),
+            queue: read_volatile(addr_of!((*cache).queue)),
+            slot: read_volatile(addr_of!((*cache).slot)),
             flags: read_volatile(addr_of!((*cache).flags)),
-            ..DeviceCache::default()
+            ..QueueCache::default()
         };
         entry.dev = read_volatile(addr_of!((*cache).dev));
         entry.generation = read_volatile(addr_of!((*cache).generation));
@@ -253,7 +303,7 @@ fn load(cache: *const DeviceCache) -> Option<DeviceCache> {
 
 /// Writes `entry` into this CPU's cache in the order [`load`] relies on.
 #[inline(always)]
-fn store(cache: *mut DeviceCache, entry: &DeviceCache) {
+fn store(cache: *mut QueueCache, entry: &QueueCache) {
     use core::ptr::{addr_of_mut, write_volatile};
     // SAFETY: `cache` is this CPU's map value; volatile keeps the writes in this order.
     unsafe {
@@ -261,8 +311,8 @@ fn store(cache: *mut DeviceCache, entry: &DeviceCache) {
         write_volatile(addr_of_mut!((*cache).generation), entry.generation);
         write_volatile(addr_of_mut!((*cache).net), entry.net);
         write_volatile(addr_of_mut!((*cache).key), entry.key);
-        write_volatile(addr_of_mut!((*cache).base), entry.base);
-        write_volatile(addr_of_mut!((*cache).queues), entry.queues);
+        write_volatile(addr_of_mut!((*cache).queue), entry.queue);
+        write_volatile(addr_of_mut!((*cache).slot), entry.slot);
         write_volatile(addr_of_mut!((*cache).flags), entry.flags);
         write_volatile(addr_of_mut!((*cache).sealed_dev), entry.sealed_dev);
         write_volatile(
@@ -272,26 +322,13 @@ fn store(cache: *mut DeviceCache, entry: &DeviceCache) {
     }
 }
 
-/// Queue `queue` of the counted device `d`.
-#[inline(always)]
-pub(crate) fn at(d: &DeviceCache, queue: u16) -> Option<At> {
-    // The loader sizes each device by its num_tx_queues, which bounds queue_mapping; a
-    // multi-queue device's queues beyond MAX_QUEUES_PER_DEVICE are not counted.
-    (u32::from(queue) < d.queues).then_some(At {
-        key: d.key,
-        slot: d.base + u32::from(queue),
-        queue,
-        flags: d.flags,
-    })
-}
-
 /// Where the packet `skb` on the `net_device` at `dev` is counted, if that device is
 /// counted: the device is looked at first, so another device's packet costs no read of
 /// `skb`.
 #[inline(always)]
 pub(crate) fn locate_skb<M: Mem>(dev: u64, skb: u64) -> Option<At> {
-    let d = device::<M>(dev)?;
-    at(&d, M::read(skb, fact!(skb_queue_mapping))?)
+    let driver_flags = recognised::<M>(dev)?;
+    lookup::<M>(dev, M::read(skb, fact!(skb_queue_mapping))?, driver_flags)
 }
 
 /// The index of the `netdev_queue` at `txq` among the queues of the device at `dev`.

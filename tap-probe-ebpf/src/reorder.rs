@@ -28,9 +28,10 @@ use aya_ebpf::{
     macros::map,
     maps::{LruHashMap, PerCpuArray},
 };
-use tap_probe_common::{DeviceKey, FRAME_MAGIC, FlowKey, FlowState, MAX_FLOWS, QueueCounters};
+use tap_probe_common::{DeviceKey, FRAME_MAGIC, FlowKey, FlowState, MAX_FLOWS};
 
 use crate::facts::{Mem, fact, read};
+use crate::storage::{add, shared};
 
 /// `htons(ETH_P_IP)` as `skb->protocol` holds it, read as a little-endian `u16`.
 const PROTOCOL_IPV4: u16 = 0x0008;
@@ -203,10 +204,10 @@ fn place<M: Mem>(skb: u64, device: DeviceKey) -> Option<Place> {
     }
 }
 
-/// The driver took the packet of this CPU's driver call: counts it into `c` if it came
-/// out of its flow's order.
+/// The driver took the packet of this CPU's driver call on slot `slot`: counts it there if
+/// it came out of its flow's order.
 #[inline(always)]
-pub(crate) fn taken(c: &mut QueueCounters) {
+pub(crate) fn taken(slot: u32) {
     if !following() {
         return;
     }
@@ -231,8 +232,10 @@ pub(crate) fn taken(c: &mut QueueCounters) {
         // A flow's first packet is in order. One seen first mid-way was forgotten to make
         // room for others, or began before the device was tracked: what came late across
         // that gap is not seen.
-        if first == 0 {
-            c.flows_joined += 1;
+        if first == 0
+            && let Some(s) = shared(slot)
+        {
+            add(&mut s.counters.flows_joined, 1);
         }
         let _ = FLOWS.insert(key, FlowState { next }, 0);
         return;
@@ -250,8 +253,10 @@ pub(crate) fn taken(c: &mut QueueCounters) {
         late
     };
     if late {
-        if kind != TCP_ACK {
-            c.reordered += 1;
+        if kind != TCP_ACK
+            && let Some(s) = shared(slot)
+        {
+            add(&mut s.counters.reordered, 1);
         }
     } else {
         state.next = next;

@@ -20,17 +20,14 @@
 
 use aya_ebpf::{
     macros::{kprobe, kretprobe, map},
-    maps::{Array, PerCpuArray},
+    maps::PerCpuArray,
     programs::{ProbeContext, RetProbeContext},
 };
-use tap_probe_common::{
-    Dequeued, DeviceCache, DirectXmit, DirectXmitFrame, MAX_BULK, MAX_DIRECT_XMIT_DEPTH,
-    MAX_QUEUE_SLOTS,
-};
+use tap_probe_common::{DirectXmit, DirectXmitFrame, MAX_BULK, MAX_DIRECT_XMIT_DEPTH};
 
-use crate::counters::counters;
-use crate::device::{at, device, queue_index};
+use crate::device::{At, locate, queue_index};
 use crate::facts::{Mem, Probed, Typed, fact, read};
+use crate::storage::{add, shared};
 
 /// [`MAX_BULK`] as the kernel's `int packets` compares.
 #[expect(clippy::cast_possible_truncation, reason = "a small constant")]
@@ -40,10 +37,6 @@ const BULK: u32 = MAX_BULK as u32;
 #[map]
 static DIRECT_XMIT: PerCpuArray<DirectXmit> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per queue slot: its last dequeue, followed to the driver (tracepoint source).
-#[map]
-static DEQUEUED: Array<Dequeued> = Array::with_max_entries(MAX_QUEUE_SLOTS, 0);
-
 /// A driver call of a tracked device begins on this CPU with `skb` on `slot`.
 #[inline(always)]
 pub(crate) fn driver_call(slot: u32, skb: u64) {
@@ -51,12 +44,12 @@ pub(crate) fn driver_call(slot: u32, skb: u64) {
         // SAFETY: per-CPU; the transmit path runs with bottom halves disabled.
         unsafe { (*d).calls += 1 };
     }
-    let Some(q) = DEQUEUED.get_ptr_mut(slot) else {
+    let Some(s) = shared(slot) else {
         return;
     };
-    // SAFETY: see DEQUEUED: a queue's dequeues and driver calls are serialised by its
-    // qdisc's running state.
-    let q = unsafe { &mut *q };
+    // A queue's dequeues and driver calls are serialised by its qdisc's running state: the
+    // follower (`QueueShared::dequeued`) needs no atomics.
+    let q = &mut s.dequeued;
     let seen = q.seen as usize;
     if q.seen >= q.packets || seen >= MAX_BULK {
         return;
@@ -134,9 +127,8 @@ pub(crate) fn direct_xmit_entry(ctx: ProbeContext) -> u32 {
     if let (Some(skb), Some(dev), Some(txq)) =
         (ctx.arg::<u64>(0), ctx.arg::<u64>(2), ctx.arg::<u64>(3))
         && skb != 0
-        && let Some(d) = device::<Probed>(dev)
         && let Some(queue) = queue_index::<Probed>(dev, txq)
-        && let Some(at) = at(&d, queue)
+        && let Some(at) = locate::<Probed>(dev, queue)
     {
         frame.slot = at.slot;
         frame.packets = chained(skb);
@@ -176,38 +168,45 @@ pub(crate) fn direct_xmit_return(ctx: RetProbeContext) -> u32 {
     let given = d.calls.wrapping_sub(frame.calls);
     let back = u64::from(frame.packets).saturating_sub(given);
     if back > 0
-        && let Some(c) = counters(frame.slot)
+        && let Some(s) = shared(frame.slot)
     {
-        c.requeued_stopped += back;
+        add(&mut s.counters.requeued_stopped, back);
     }
     0
 }
 
 /// A dequeue of `packets` packets from `skb` on (chained through `skb->next`) of the counted
-/// device `d` (the tracepoint `qdisc_dequeue`, whose `skb` the verifier knows): the
-/// queue's previous dequeue is settled (its packets that did not reach the driver were put
-/// back) and this one is followed. The queue is the packet's own (`skb->queue_mapping`):
-/// the root qdisc of a multi-queue device reports its first queue as `txq`.
+/// device at `dev`, whose `txq` is `txq_at` (the tracepoint `qdisc_dequeue`, whose `skb` the
+/// verifier knows): the queue's previous dequeue is settled (its packets that did not reach
+/// the driver were put back) and this one is followed. The queue is the packet's own
+/// (`skb->queue_mapping`): the root qdisc of a multi-queue device reports its first queue
+/// as `txq`.
 #[inline(always)]
-pub(crate) fn dequeued(d: &DeviceCache, skb: u64, packets: i32) {
+pub(crate) fn dequeued(dev: u64, txq_at: At, skb: u64, packets: i32) {
     if skb == 0 {
         return;
     }
     let Some(queue) = Typed::read::<u16>(skb, fact!(skb_queue_mapping)) else {
         return;
     };
-    let Some(at) = at(d, queue) else {
+    let at = if queue == txq_at.queue {
+        txq_at
+    } else {
+        let Some(at) = locate::<Typed>(dev, queue) else {
+            return;
+        };
+        at
+    };
+    let Some(s) = shared(at.slot) else {
         return;
     };
-    let Some(q) = DEQUEUED.get_ptr_mut(at.slot) else {
-        return;
-    };
-    // SAFETY: see DEQUEUED.
-    let q = unsafe { &mut *q };
-    if q.packets > q.seen
-        && let Some(c) = counters(at.slot)
-    {
-        c.requeued_stopped += u64::from(q.packets - q.seen);
+    // See `driver_call`.
+    let q = &mut s.dequeued;
+    if q.packets > q.seen {
+        add(
+            &mut s.counters.requeued_stopped,
+            u64::from(q.packets - q.seen),
+        );
     }
     // Packets beyond MAX_BULK (only a device with byte queue limits dequeues that many at
     // once, and none of those is counted) are not followed.

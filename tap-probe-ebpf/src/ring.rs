@@ -1,5 +1,5 @@
-//! Ring occupancy: the entries in a tun/tap queue's `ptr_ring`, into a per-CPU record of
-//! the latest sample, the highest and a log2 histogram.
+//! Ring occupancy: the entries in a tun/tap queue's `ptr_ring`, into the queue's record of
+//! the latest sample, the highest and a log2 histogram (`QueueShared::occupancy`).
 //!
 //! Where samples are taken is the loader's choice (`SAMPLE_RING`):
 //! - by default where the ring's level means something and events are rare: when the queue
@@ -10,6 +10,11 @@
 //! - exactly: also at the end of every driver call and at every reader take. A sample reads
 //!   the position the other side of the ring writes (the reader's at a driver call, the
 //!   driver's at a take): a cache line that moves between CPUs at every packet.
+//!
+//! The record is the queue's one copy, which any CPU may sample into: the count, the sum and
+//! the histogram are added to atomically, so no sample is lost; the latest sample and its
+//! time are plain stores (the last writer's stays), and so is the highest, which two CPUs
+//! sampling one ring at the same instant can leave at the lower of their two samples.
 //!
 //! The ring is found from the device: `tun_struct = netdev_priv(dev)` (checked to point back
 //! at `dev` once per device cache fill, see `device.rs`), `tun_struct.tfiles[queue]`, then
@@ -23,13 +28,13 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use tap_probe_common::{
-    DEVICE_TUN, MAX_QUEUE_SLOTS, MAX_QUEUES_PER_DEVICE, OCCUPANCY_BUCKETS, RING_SAMPLES_EVENTS,
-    RING_SAMPLES_EXACT, RingSamples,
+    DEVICE_TUN, OCCUPANCY_BUCKETS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLE_QUEUES,
 };
 
 use crate::clock::Clock;
 use crate::device::At;
 use crate::facts::{fact, read};
+use crate::storage::{add, shared};
 
 /// How rings are sampled (`RING_SAMPLES_*`), set by the loader.
 #[unsafe(no_mangle)]
@@ -43,9 +48,6 @@ fn sampling() -> u32 {
 
 /// The most of `struct ptr_ring` read at once; the loader keeps `ring.span_len` within it.
 const SPAN_MAX: usize = 256;
-
-#[map]
-static OCCUPANCY: PerCpuArray<RingSamples> = PerCpuArray::with_max_entries(MAX_QUEUE_SLOTS, 0);
 
 /// Where the span of the ring is copied: per CPU, so the programs' stacks stay small.
 #[map]
@@ -94,11 +96,10 @@ pub(crate) fn full(dev: u64, at: At) {
     if at.flags & DEVICE_TUN == 0 || sampling() == 0 {
         return;
     }
-    let Some(s) = OCCUPANCY.get_ptr_mut(at.slot) else {
+    let Some(q) = shared(at.slot) else {
         return;
     };
-    // SAFETY: per-CPU; see `sample`.
-    let s = unsafe { &mut *s };
+    let s = &mut q.occupancy;
     if s.size == 0
         && let Some(ring) = read_ring(dev, at.queue)
     {
@@ -119,16 +120,14 @@ fn sample(dev: u64, at: At, clock: &mut Clock) {
     }
 }
 
-/// Counts one sample of `ring` into this CPU's record of `slot`.
+/// Counts one sample of `ring` into the record of `slot` (see the module's note on what
+/// the CPUs share).
 #[inline(always)]
 fn record(slot: u32, ring: Ring, ts_ns: u64) {
-    let Some(s) = OCCUPANCY.get_ptr_mut(slot) else {
+    let Some(q) = shared(slot) else {
         return;
     };
-    // SAFETY: per-CPU; a driver call and a reader take do not interleave on one CPU
-    // mid-update (both run with bottom halves disabled or in the reader's own context,
-    // and an interrupted update only leaves one sample half counted).
-    let s = unsafe { &mut *s };
+    let s = &mut q.occupancy;
     let entries = ring.entries;
     s.ts_ns = ts_ns;
     s.current = entries;
@@ -136,39 +135,54 @@ fn record(slot: u32, ring: Ring, ts_ns: u64) {
     if entries > s.max {
         s.max = entries;
     }
-    s.count += 1;
-    s.sum += entries;
+    add(&mut s.count, 1);
+    add(&mut s.sum, entries);
     if let Some(n) = s.buckets.get_mut(bucket(entries)) {
-        *n += 1;
+        add(n, 1);
     }
 }
 
-/// `sample_rings(base, queues)`: samples the rings of the `queues` queues of the tun/tap
-/// whose slots begin at `base`. Attached nowhere: the loader runs it once per refresh
+/// `sample_rings(n, q1, q2, ..)`: samples the rings of `n` queues (at most
+/// `RING_SAMPLE_QUEUES`) of one tun/tap, each argument a queue's slot in the high 32 bits
+/// and its index in the low ones. Attached nowhere: the loader runs it once per refresh
 /// (`BPF_PROG_TEST_RUN`), so a ring's level shows without any packet paying for it.
 #[raw_tracepoint(tracepoint = "sample_rings")]
 #[inline(always)]
 pub(crate) fn sample_rings(ctx: RawTracePointContext) -> i32 {
-    #[expect(clippy::cast_possible_truncation, reason = "slot numbers fit 32 bits")]
-    let base = ctx.arg::<u64>(0) as u32;
-    let queues: u64 = ctx.arg(1);
-    let Some(dev) = crate::device::slot_dev(base) else {
-        return 0;
-    };
-    if dev == 0 || fact!(ring.known) == 0 || !is_tun(dev) {
+    if fact!(ring.known) == 0 {
         return 0;
     }
+    let n: u64 = ctx.arg(0);
+    // Each argument read at a constant offset: the verifier refuses a context pointer moved
+    // along in a loop.
+    let args: [u64; RING_SAMPLE_QUEUES as usize] = [
+        ctx.arg(1),
+        ctx.arg(2),
+        ctx.arg(3),
+        ctx.arg(4),
+        ctx.arg(5),
+        ctx.arg(6),
+        ctx.arg(7),
+        ctx.arg(8),
+        ctx.arg(9),
+        ctx.arg(10),
+        ctx.arg(11),
+    ];
     let now = Clock::new().now();
-    for queue in 0..MAX_QUEUES_PER_DEVICE {
-        if u64::from(queue) >= queues {
+    for (i, &arg) in args.iter().enumerate() {
+        if i as u64 >= n {
             break;
         }
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "below MAX_QUEUES_PER_DEVICE"
-        )]
-        if let Some(ring) = read_ring(dev, queue as u16) {
-            record(base + queue, ring, now);
+        #[expect(clippy::cast_possible_truncation, reason = "the packed halves")]
+        let (slot, queue) = ((arg >> 32) as u32, arg as u16);
+        let Some(dev) = shared(slot).map(|s| s.dev) else {
+            continue;
+        };
+        if dev == 0 || !is_tun(dev) {
+            continue;
+        }
+        if let Some(ring) = read_ring(dev, queue) {
+            record(slot, ring, now);
         }
     }
     0

@@ -11,7 +11,7 @@ use aya_log_ebpf::debug;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
 
 use crate::clock::Clock;
-use crate::counters::{count_reason, counters};
+use crate::storage::{add, count_reason, per_cpu, shared};
 use crate::device::{At, locate_skb, txq_state};
 use crate::events::{record, record_at};
 use crate::facts::{Mem, Probed, Typed, fact};
@@ -105,15 +105,18 @@ pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
         queue: f.queue,
         flags: f.flags,
     };
-    let Some(c) = counters(at.slot) else {
-        return 0;
-    };
     if reason == fact!(reason_full_ring) {
+        let Some(c) = per_cpu(at.slot) else {
+            return 0;
+        };
         c.dropped_full_ring += 1;
         crate::ring::full(f.dev, at);
         record(at, EventKind::DroppedFullRing, 0);
     } else {
-        c.dropped_other += 1;
+        let Some(s) = shared(at.slot) else {
+            return 0;
+        };
+        add(&mut s.counters.dropped_other, 1);
         count_reason(&ctx, at.slot, reason);
         record(at, EventKind::DroppedOther, reason);
     }
@@ -150,7 +153,7 @@ fn xmit_end<M: Mem, C: EbpfContext>(ctx: &C, dev: Option<u64>, skb: Option<u64>,
         queue,
         flags,
     };
-    let Some(c) = counters(slot) else {
+    let Some(c) = per_cpu(slot) else {
         return;
     };
     c.xmit_calls += 1;
@@ -163,15 +166,19 @@ fn xmit_end<M: Mem, C: EbpfContext>(ctx: &C, dev: Option<u64>, skb: Option<u64>,
     )]
     let rc = rc as u32;
     if rc == fact!(tx_busy) {
-        c.busy += 1;
+        if let Some(s) = shared(slot) {
+            add(&mut s.counters.busy, 1);
+        }
         record_at(at, EventKind::Busy, 0, &mut clock);
     } else if dropped == 0 {
         if rc == 0 {
             c.enqueued += 1;
             record_at(at, EventKind::Enqueued, 0, &mut clock);
-            crate::reorder::taken(c);
+            crate::reorder::taken(slot);
         } else {
-            c.dropped_other += 1;
+            if let Some(s) = shared(slot) {
+                add(&mut s.counters.dropped_other, 1);
+            }
             count_reason(ctx, slot, DROP_REASON_XMIT_ERROR);
             record_at(
                 at,

@@ -15,11 +15,11 @@ use tap_probe_common::{
 };
 
 use crate::clock::Clock;
-use crate::counters::counters;
-use crate::device::{at, device, queue_index, setting};
+use crate::device::{locate, queue_index, setting};
 use crate::events::record;
 use crate::facts::{KERNEL, Mem, Probed, fact};
-use crate::queue_state::{state_of, stop};
+use crate::queue_state::stop;
+use crate::storage::{add, shared};
 
 /// Whether this probe records the `QueueWake` events (it is attached and recording).
 #[inline(always)]
@@ -47,30 +47,29 @@ pub(crate) fn wake_entry(ctx: ProbeContext) -> u32 {
     let Some(dev) = Probed::read::<u64>(txq, fact!(txq_dev)) else {
         return 0;
     };
-    let Some(d) = device::<Probed>(dev) else {
+    let Some(at) = queue_index::<Probed>(dev, txq).and_then(|q| locate::<Probed>(dev, q)) else {
         return 0;
     };
-    let Some(at) = queue_index::<Probed>(dev, txq).and_then(|q| at(&d, q)) else {
+    let Some(s) = shared(at.slot) else {
         return 0;
     };
     // A queue stopped before its tracking began, not looked at since: it is seen stopped
     // now, before this wake, so the wake that follows has its stop.
-    if let Some(seen) = state_of(at.slot)
-        && unsafe { *seen } == QUEUE_STATE_UNKNOWN
-    {
-        stop(dev, at, seen, &mut Clock::new());
+    if s.state == QUEUE_STATE_UNKNOWN {
+        stop(dev, at, s, &mut Clock::new());
     }
     let class = classify(&ctx);
-    let Some(c) = counters(at.slot) else {
-        return 0;
-    };
-    match class {
-        WakeClass::Reader => c.wakes_reader += 1,
-        WakeClass::Vhost => c.wakes_vhost += 1,
-        WakeClass::Forced => c.wakes_forced += 1,
-        WakeClass::Recheck => c.wakes_recheck += 1,
-        WakeClass::Other => c.wakes_other += 1,
-    }
+    let c = &mut s.counters;
+    add(
+        match class {
+            WakeClass::Reader => &mut c.wakes_reader,
+            WakeClass::Vhost => &mut c.wakes_vhost,
+            WakeClass::Forced => &mut c.wakes_forced,
+            WakeClass::Recheck => &mut c.wakes_recheck,
+            WakeClass::Other => &mut c.wakes_other,
+        },
+        1,
+    );
     // A re-check undoes a stop of the same driver call, which the queue state observers
     // never saw: no wake event for it.
     if class != WakeClass::Recheck {

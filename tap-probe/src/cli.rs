@@ -185,6 +185,13 @@ pub(crate) struct CountingArgs {
     /// packet taken by its reader.
     #[arg(long, value_name = "DURATION", default_value = "1", value_parser = duration)]
     pub(crate) stuck_after: Duration,
+    /// The most transmit queues counted at once, over every device (rounded up to a
+    /// multiple of 128): what bounds the kernel memory the probe takes as VMs come. A
+    /// device beyond it is named and counted in `tap_probe_untracked_devices`, and tracked
+    /// once others go.
+    #[arg(long, value_name = "N", default_value_t = tap_probe_common::MAX_QUEUE_SLOTS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(tap_probe_common::MAX_QUEUE_SLOTS)))]
+    pub(crate) max_queues: u32,
 }
 
 impl CountingArgs {
@@ -197,11 +204,36 @@ impl CountingArgs {
             occupancy: self.occupancy,
             flows: self.flows,
             macvtap: filter.macvtap,
+            max_queues: self.max_queues,
             ..Counting::WATCH
         };
         let mut watcher = Watcher::counting(kernel, filter, self.backend, counting)?;
         watcher.set_stuck_after(self.stuck_after);
         Ok(watcher)
+    }
+}
+
+/// Which series a Prometheus endpoint serves (`serve`, `watch --prometheus`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct SeriesArgs {
+    /// A series per transmit queue (label `queue`) rather than one per device, and the
+    /// families that break others down (wakes by waker, drops by reason, the kernel's
+    /// statistics when tracking began): about 27 series per queue where the default serves
+    /// at most 21 per device, whatever its queues.
+    #[arg(long)]
+    pub(crate) per_queue: bool,
+    /// Also the histogram of the ring occupancy samples (`ring_occupancy_samples`): 20 more
+    /// series per tun/tap, or per queue with --per-queue.
+    #[arg(long)]
+    pub(crate) occupancy_histogram: bool,
+}
+
+impl SeriesArgs {
+    pub(crate) fn series(self) -> crate::output::prometheus::Series {
+        crate::output::prometheus::Series {
+            per_queue: self.per_queue,
+            histogram: self.occupancy_histogram,
+        }
     }
 }
 

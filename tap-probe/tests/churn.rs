@@ -19,9 +19,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 /// Rounds of churn: each fills a namespace with taps and veths and deletes it.
 const ROUNDS: usize = 3;
 /// Per round: taps (one queue each) and veth pairs (two devices, one queue per possible CPU
-/// each): together well beyond the 1024 devices the probe tracks at once.
+/// each): together well beyond the [`MAX_QUEUES`] watch is told to count at once.
 const TAPS: usize = 700;
 const VETH_PAIRS: usize = 400;
+/// The queues watch counts at once (`--max-queues`): what it holds, well below the churn.
+const MAX_QUEUES: &str = "1024";
 /// Frames through the device that lives through the churn.
 const FRAMES: u32 = 2_000;
 
@@ -72,7 +74,10 @@ fn raise_open_files() {
 fn start_watch(netns_glob: &str) -> (ChildGuard, String, std::thread::JoinHandle<String>) {
     let mut child = common::stoppable(&mut Command::new(BIN))
         .args(["watch", "--netns", netns_glob, "--interval", "0.2"])
-        .args(["--prometheus", "127.0.0.1:0"])
+        .args(["--max-queues", MAX_QUEUES])
+        // The per-queue form: the kernel's skew, which says when a refresh saw no traffic in
+        // flight, is one of its families.
+        .args(["--prometheus", "127.0.0.1:0", "--per-queue"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

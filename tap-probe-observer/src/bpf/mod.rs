@@ -8,3 +8,4 @@ pub mod missed;
 pub mod object;
 pub mod probe;
 pub mod slots;
+mod sys;

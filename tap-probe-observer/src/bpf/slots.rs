@@ -1,76 +1,96 @@
-//! The counter map's slots: each tracked device owns one consecutive range, a slot per
-//! transmit queue. A range freed by an untracked device waits one generation before reuse,
-//! so a program that looked the device up just before it went cannot count into the
-//! range's next owner. Free ranges that touch are merged, so devices coming and going for
-//! days leave the table as usable as it started.
+//! The probe's queue slots by number: which are free, which were freed too recently to reuse,
+//! and how many chunks of [`CHUNK_SLOTS`] back them. A queue takes one slot; a slot freed
+//! by a queue that went waits one generation before reuse, so a program that looked the
+//! queue up just before it went cannot count into the slot's next owner. The lowest free
+//! slot goes first, so the queues present pack into the lowest chunks and the top chunk
+//! empties as they go, to be given back.
 
-/// Free and cooling ranges of slots, as `(base, len)`.
+use std::collections::BTreeSet;
+
+use tap_probe_common::CHUNK_SLOTS;
+
+/// Free and cooling slots, within the chunks there are.
 #[derive(Debug)]
 pub(crate) struct Slots {
-    /// Usable now: sorted by base, no two touching.
-    free: Vec<(u32, u32)>,
+    /// Usable now.
+    free: BTreeSet<u32>,
     /// Freed since the last [`Slots::next_generation`].
-    cooling: Vec<(u32, u32)>,
+    cooling: Vec<u32>,
+    /// Chunks backing slots `0 .. chunks * CHUNK_SLOTS`.
+    chunks: u32,
+    /// The most chunks there may be.
+    max_chunks: u32,
 }
 
 impl Slots {
-    /// `count` slots, all free.
-    pub(crate) fn new(count: u32) -> Self {
+    /// No chunk yet; at most `max_chunks`.
+    pub(crate) fn new(max_chunks: u32) -> Self {
         Self {
-            free: vec![(0, count)],
+            free: BTreeSet::new(),
             cooling: Vec::new(),
+            chunks: 0,
+            max_chunks,
         }
     }
 
-    /// The base of `len` consecutive free slots, now taken; `None` when no free range is
-    /// that long.
-    pub(crate) fn allocate(&mut self, len: u32) -> Option<u32> {
-        let i = self.free.iter().position(|&(_, n)| n >= len)?;
-        let (base, n) = self.free[i];
-        if n == len {
-            self.free.remove(i);
-        } else {
-            self.free[i] = (base + len, n - len);
-        }
-        Some(base)
+    /// The lowest free slot, now taken; `None` when every chunk there is is taken.
+    pub(crate) fn allocate(&mut self) -> Option<u32> {
+        self.free.pop_first()
     }
 
-    /// Gives `len` slots from `base` back, usable after the next generation.
-    pub(crate) fn free(&mut self, base: u32, len: u32) {
-        self.cooling.push((base, len));
+    /// The number of the chunk to add for more slots, if one may be added: call
+    /// [`Slots::grown`] once it exists.
+    pub(crate) fn next_chunk(&self) -> Option<u32> {
+        (self.chunks < self.max_chunks).then_some(self.chunks)
     }
 
-    /// Gives back a range no program ever saw (its device never made it into the map):
+    /// The chunk [`Slots::next_chunk`] named exists: its slots are free.
+    pub(crate) fn grown(&mut self) {
+        let base = self.chunks * CHUNK_SLOTS;
+        self.free.extend(base..base + CHUNK_SLOTS);
+        self.chunks += 1;
+    }
+
+    /// Chunks there are.
+    #[cfg(test)]
+    pub(crate) fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
+    /// Gives `slot` back, usable after the next generation.
+    pub(crate) fn free(&mut self, slot: u32) {
+        self.cooling.push(slot);
+    }
+
+    /// Gives back a slot no program ever saw (its queue never made it into the map):
     /// usable at once.
-    pub(crate) fn free_unused(&mut self, base: u32, len: u32) {
-        self.release(base, len);
+    pub(crate) fn free_unused(&mut self, slot: u32) {
+        self.free.insert(slot);
     }
 
-    /// Makes the ranges freed before this call usable. Call once per refresh interval: by
-    /// then no program still runs with a lookup made before the device was removed.
-    pub(crate) fn next_generation(&mut self) {
-        for (base, len) in std::mem::take(&mut self.cooling) {
-            self.release(base, len);
-        }
+    /// Makes the slots freed before this call usable, and names them. Call once per refresh
+    /// interval: by then no program still runs with a lookup made before the queue was
+    /// removed.
+    pub(crate) fn next_generation(&mut self) -> Vec<u32> {
+        let released = std::mem::take(&mut self.cooling);
+        self.free.extend(&released);
+        released
     }
 
-    /// Puts a range into the free list, merged with the free ranges it touches.
-    fn release(&mut self, base: u32, len: u32) {
-        let i = self.free.partition_point(|&(b, _)| b < base);
-        let mut range = (base, len);
-        // The range after, if it starts where this one ends.
-        if let Some(&(next, n)) = self.free.get(i)
-            && range.0 + range.1 == next
-        {
-            range.1 += n;
-            self.free.remove(i);
+    /// The top chunk, if every slot of it is free (none taken, none cooling), now no longer
+    /// counted: the caller removes it. The lowest chunk stays, for the next queue.
+    pub(crate) fn shrink(&mut self) -> Option<u32> {
+        if self.chunks <= 1 {
+            return None;
         }
-        // The range before, if it ends where this one starts.
-        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == range.0 {
-            self.free[i - 1].1 += range.1;
-        } else {
-            self.free.insert(i, range);
+        let top = self.chunks - 1;
+        let base = top * CHUNK_SLOTS;
+        if self.free.range(base..).count() < CHUNK_SLOTS as usize {
+            return None;
         }
+        self.free.retain(|&slot| slot < base);
+        self.chunks = top;
+        Some(top)
     }
 }
 
@@ -78,56 +98,48 @@ impl Slots {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ranges_are_reused_only_after_a_generation() {
-        let mut slots = Slots::new(10);
-        assert_eq!(slots.allocate(4), Some(0));
-        assert_eq!(slots.allocate(4), Some(4));
-        assert_eq!(slots.allocate(4), None, "two slots left");
-        slots.free(0, 4);
-        assert_eq!(slots.allocate(4), None, "still cooling");
-        slots.next_generation();
-        assert_eq!(slots.allocate(3), Some(0));
-        assert_eq!(slots.allocate(2), Some(8));
-        assert_eq!(slots.allocate(1), Some(3));
-        assert_eq!(slots.allocate(1), None);
+    fn with_chunks(n: u32) -> Slots {
+        let mut slots = Slots::new(4);
+        for _ in 0..n {
+            assert!(slots.next_chunk().is_some());
+            slots.grown();
+        }
+        slots
     }
 
-    /// Churn: devices of one to three queues fill the table, then go in a shuffled order
-    /// over several generations; once all are gone, the whole table is one range again.
     #[test]
-    fn freed_ranges_merge_back_into_one() {
-        let mut slots = Slots::new(1000);
-        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        for _ in 0..20 {
-            let mut held: Vec<(u32, u32)> = Vec::new();
-            loop {
-                let len = 1 + u32::try_from(next() % 3).unwrap();
-                let Some(base) = slots.allocate(len) else {
-                    break;
-                };
-                held.push((base, len));
-            }
-            assert!(
-                held.iter().map(|h| h.1).sum::<u32>() >= 998,
-                "the table was full"
-            );
-            while !held.is_empty() {
-                let i = usize::try_from(next() % held.len() as u64).unwrap();
-                let (base, len) = held.swap_remove(i);
-                slots.free(base, len);
-                if next() % 7 == 0 {
-                    slots.next_generation();
-                }
-            }
-            slots.next_generation();
+    fn slots_are_reused_only_after_a_generation() {
+        let mut slots = with_chunks(1);
+        let taken: Vec<u32> = (0..CHUNK_SLOTS).map(|_| slots.allocate().unwrap()).collect();
+        assert_eq!(taken, (0..CHUNK_SLOTS).collect::<Vec<_>>(), "lowest first");
+        assert_eq!(slots.allocate(), None, "the chunk is full");
+        slots.free(5);
+        assert_eq!(slots.allocate(), None, "still cooling");
+        slots.next_generation();
+        assert_eq!(slots.allocate(), Some(5));
+        slots.free_unused(7);
+        assert_eq!(slots.allocate(), Some(7), "never seen by a program: free at once");
+    }
+
+    #[test]
+    fn chunks_grow_to_their_limit_and_the_top_one_goes_once_empty() {
+        let mut slots = with_chunks(4);
+        assert_eq!(slots.next_chunk(), None, "at the limit");
+        let held: Vec<u32> = (0..CHUNK_SLOTS + 1).map(|_| slots.allocate().unwrap()).collect();
+        assert_eq!(slots.shrink(), Some(3), "chunks 2 and 3 are empty");
+        assert_eq!(slots.shrink(), Some(2));
+        assert_eq!(slots.shrink(), None, "chunk 1 holds a slot");
+        slots.free(held[CHUNK_SLOTS as usize]);
+        assert_eq!(slots.shrink(), None, "its slot is cooling");
+        slots.next_generation();
+        assert_eq!(slots.shrink(), Some(1));
+        for &slot in &held[..CHUNK_SLOTS as usize] {
+            slots.free(slot);
         }
-        assert_eq!(slots.allocate(1000), Some(0), "{slots:?}");
+        slots.next_generation();
+        assert_eq!(slots.shrink(), None, "the lowest chunk stays");
+        assert_eq!(slots.chunks(), 1);
+        assert_eq!(slots.next_chunk(), Some(1));
+        assert_eq!(slots.allocate(), Some(0));
     }
 }

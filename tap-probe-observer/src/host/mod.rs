@@ -36,7 +36,8 @@ pub trait Host {
     /// # Errors
     /// When the probe's maps cannot be read.
     fn registered(&mut self) -> Result<Vec<DeviceKey>>;
-    /// Counts `queues` transmit queues of a device (`flags`: see `DeviceSlot::flags`):
+    /// Counts the first `queues` transmit queues of a device (`flags`: see
+    /// `DeviceEntry::flags`), and any other at its first packet:
     /// from now on and from zero ([`Origin::Loader`]), or, for a device the programs
     /// registered, as they have since its first packet ([`Origin::Probes`]).
     ///
@@ -96,6 +97,8 @@ pub trait Host {
     fn missed(&self) -> Vec<ProgramMissed>;
     /// The modules tap-probe located at attach that changed since.
     fn module_changes(&self) -> Vec<ModuleChange>;
+    /// The kernel memory the probe's maps hold; `None` where it cannot be read.
+    fn memory(&self) -> Option<crate::bpf::probe::Memory>;
 }
 
 /// How long a packet the kernel counted takes at most to reach the probes: the two counts
@@ -174,7 +177,7 @@ impl Host for LiveHost {
 
     fn refresh_started(&mut self) {
         self.probe.flush_log();
-        self.probe.retire_generation();
+        self.probe.refresh_started();
         if let Err(err) = self.probe.refill_spares() {
             log::warn!("cannot refill the spare counter slots for new devices: {err:#}");
         }
@@ -194,5 +197,12 @@ impl Host for LiveHost {
 
     fn module_changes(&self) -> Vec<ModuleChange> {
         self.modules.changes()
+    }
+
+    fn memory(&self) -> Option<crate::bpf::probe::Memory> {
+        self.probe
+            .memory()
+            .map_err(|err| log::debug!("cannot read the maps' kernel memory: {err:#}"))
+            .ok()
     }
 }

@@ -175,8 +175,8 @@ struct EventBits {
 
 impl<W: Write> Recorder<W> {
     /// Writes the header; events will come from one ring per CPU of `cpus`, in that order,
-    /// and name their device's queue by its counter slot: `slots(key)` gives the first slot
-    /// of the header's device `key` (its queues follow).
+    /// and name their device's queue by its slot: `slot(key, queue)` gives the slot of queue
+    /// `queue` of the header's device `key`.
     ///
     /// # Errors
     /// When the header cannot be written.
@@ -184,7 +184,7 @@ impl<W: Write> Recorder<W> {
         out: W,
         header: &Header,
         cpus: &[u32],
-        slots: impl Fn(DeviceKey) -> Option<u32>,
+        slot: impl Fn(DeviceKey, u32) -> Option<u32>,
     ) -> anyhow::Result<Self> {
         let mut by_slot = Vec::new();
         for (i, d) in header.devices.iter().enumerate() {
@@ -192,11 +192,12 @@ impl<W: Write> Recorder<W> {
                 netns_inode: d.netns,
                 ifindex: d.ifindex,
             };
-            let (Some(base), Ok(device)) = (slots(key), u16::try_from(i)) else {
+            let Ok(device) = u16::try_from(i) else {
                 continue;
             };
             for queue in 0..d.queues {
-                let (Ok(slot), Ok(queue)) = (usize::try_from(base + queue), u16::try_from(queue))
+                let (Some(Ok(slot)), Ok(queue)) =
+                    (slot(key, queue).map(usize::try_from), u16::try_from(queue))
                 else {
                     continue;
                 };
@@ -449,16 +450,16 @@ mod tests {
         }
     }
 
-    /// The header's device counts in slot 7.
+    /// The header's device counts its queue 0 in slot 7.
     const SLOT: u16 = 7;
 
     fn recorder(cpus: &[u32]) -> Recorder<Vec<u8>> {
-        Recorder::new(Vec::new(), &header(), cpus, |key| {
+        Recorder::new(Vec::new(), &header(), cpus, |key, queue| {
             (key == DeviceKey {
                 netns_inode: 9,
                 ifindex: 4,
-            })
-            .then_some(u32::from(SLOT))
+            } && queue == 0)
+                .then_some(u32::from(SLOT))
         })
         .unwrap()
     }

@@ -6,8 +6,6 @@
 //! out, as the kernel has no counters of it left to compare.
 
 use anyhow::Result;
-use tap_probe_common::MAX_QUEUES_PER_DEVICE;
-
 use crate::host::Host;
 use crate::host::discovery::Device;
 
@@ -15,8 +13,8 @@ use crate::host::discovery::Device;
 #[derive(Debug)]
 pub struct Followed {
     pub device: Device,
-    /// The queues counted. A multi-queue tap has 256 queues whatever number is attached:
-    /// as `watch` does, the first [`MAX_QUEUES_PER_DEVICE`].
+    /// The queues counted: those in use when it began (a multi-queue tap has 256 queues
+    /// whatever number is attached; its attached ones).
     pub queues: u32,
     /// The kernel's `tx_packets` and `tx_dropped` once tracking had begun, for the summary.
     pub baseline: (u64, u64),
@@ -57,7 +55,7 @@ pub fn follow<H: Host>(host: &mut H, devices: Vec<Device>) -> Following {
     let mut tracked = Vec::new();
     let mut refused = Vec::new();
     for device in devices {
-        let queues = device.queues.clamp(1, MAX_QUEUES_PER_DEVICE);
+        let queues = device.active_queues.max(1);
         match host.track(device.key, queues, device.slot_flags()) {
             Ok(_) => tracked.push((device, queues)),
             Err(err) => refused.push((device, err)),
@@ -108,14 +106,15 @@ mod tests {
     use super::*;
     use crate::host::watcher::tests::{FakeHost, device};
 
-    /// The devices that match are tracked, queues clamped as `watch` does, with the
-    /// kernel's counters read after tracking began; one the probe has no room for is
-    /// refused and not tracked.
+    /// The devices that match are tracked, their queues in use as `watch` does (a
+    /// multi-queue tap's attached ones, not its 256), with the kernel's counters read after
+    /// tracking began; one the probe has no room for is refused and not tracked.
     #[test]
     fn matching_devices_are_tracked_and_a_full_probe_refuses_the_rest() {
         let mut host = FakeHost::new();
         let mut multi = device(2, "mq0", 10, 1);
         multi.queues = 256;
+        multi.active_queues = 4;
         host.devices = vec![device(1, "tap0", 5, 0), multi, device(3, "tap3", 0, 0)];
         host.room = 2;
         let devices = host.devices().unwrap().matching;
@@ -124,11 +123,7 @@ mod tests {
         let Following { followed, refused } = follow(&mut host, devices);
         assert_eq!(
             host.calls,
-            [
-                "track 1 1",
-                &format!("track 2 {MAX_QUEUES_PER_DEVICE}"),
-                "full 3"
-            ]
+            ["track 1 1", "track 2 4", "full 3"]
         );
         let followed: Vec<_> = followed
             .iter()
@@ -136,7 +131,7 @@ mod tests {
             .collect();
         assert_eq!(
             followed,
-            [("tap0", 1, (8, 0)), ("mq0", MAX_QUEUES_PER_DEVICE, (10, 1))]
+            [("tap0", 1, (8, 0)), ("mq0", 4, (10, 1))]
         );
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].0.name, "tap3");

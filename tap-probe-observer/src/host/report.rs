@@ -230,6 +230,31 @@ pub struct Report {
     /// new devices at once): their counts are short.
     #[serde(rename = "events_without_slots")]
     pub no_room: u64,
+    /// The kernel memory the probe's maps hold; `None` where it could not be read.
+    #[serde(
+        rename = "kernel_memory",
+        serialize_with = "memory_summary",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory: Option<crate::bpf::probe::Memory>,
+}
+
+/// The kernel memory as each report line carries it: the total here, the possible CPUs,
+/// and the total the same maps would take with 256 of them (the per-map breakdown is
+/// `doctor`'s and the final summary's).
+fn memory_summary<S: serde::Serializer>(
+    memory: &Option<crate::bpf::probe::Memory>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct as _;
+    let Some(memory) = memory else {
+        return s.serialize_none();
+    };
+    let mut st = s.serialize_struct("KernelMemory", 3)?;
+    st.serialize_field("bytes", &memory.bytes())?;
+    st.serialize_field("possible_cpus", &memory.possible_cpus)?;
+    st.serialize_field("bytes_at_256_cpus", &memory.bytes_at(256))?;
+    st.end()
 }
 
 impl Report {

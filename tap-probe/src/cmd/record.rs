@@ -125,8 +125,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // The trace writer buffers 64 KiB itself and must see each write's outcome (a full disk
     // is cut back to a whole record), so the file gets no buffer of its own.
     let (cpus, mut rings) = host.probe.take_events()?;
-    let mut recorder = Recorder::new(TraceFile::new(file), &header, &cpus, |key| {
-        host.probe.slots(key).map(|(base, _)| base)
+    let mut recorder = Recorder::new(TraceFile::new(file), &header, &cpus, |key, queue| {
+        host.probe.slot(key, queue)
     })
     .with_context(|| format!("writing {}", args.output.display()))?;
 

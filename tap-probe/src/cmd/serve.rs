@@ -28,6 +28,8 @@ pub(crate) struct Args {
     pub(crate) forget_after: Duration,
     #[command(flatten)]
     pub(crate) counting: crate::cli::CountingArgs,
+    #[command(flatten)]
+    pub(crate) series: crate::cli::SeriesArgs,
 }
 
 /// Runs `tap-probe serve`.
@@ -48,6 +50,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             stale_after: Settings::stale_after(args.interval),
             departed_grace: args.forget_after,
             about: Some(About::of(&kernel)),
+            series: args.series.series(),
         },
     )?;
     log::info!(

@@ -39,6 +39,9 @@ pub(crate) struct Args {
     /// stderr).
     #[arg(long, value_name = "ADDR")]
     pub(crate) prometheus: Option<std::net::SocketAddr>,
+    /// Which series `--prometheus` serves.
+    #[command(flatten)]
+    pub(crate) series: crate::cli::SeriesArgs,
 }
 
 /// How the counters are shown to people.
@@ -84,6 +87,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                     stale_after: Settings::stale_after(args.interval),
                     departed_grace: Duration::ZERO,
                     about: Some(About::of(&kernel)),
+                    series: args.series.series(),
                 },
             )
         })

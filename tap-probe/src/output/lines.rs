@@ -336,6 +336,7 @@ pub(crate) mod tests {
             missed: Vec::new(),
             modules_changed: Vec::new(),
             no_room: 0,
+            memory: None,
             rows,
         }
     }

@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(json["counts_may_be_short"], true);
         assert_eq!(json["missed"][0]["kprobe"], 2);
         assert_eq!(json["missed"][1]["runs"], 5);
-        let text = prometheus::exposition(&report);
+        let text = prometheus::exposition(&report, prometheus::Series::default());
         for sample in [
             r#"tap_probe_missed_total{program="consume_entry",why="recursion"} 0"#,
             r#"tap_probe_missed_total{program="consume_entry",why="kprobe"} 2"#,
@@ -384,6 +384,6 @@ mod tests {
         }];
         let table = table::rows(&report, None);
         assert!(table.contains("veth.ko loaded since attach"), "{table}");
-        assert!(prometheus::exposition(&report).contains("\ntap_probe_modules_changed 1\n"));
+        assert!(prometheus::exposition(&report, prometheus::Series::default()).contains("\ntap_probe_modules_changed 1\n"));
     }
 }

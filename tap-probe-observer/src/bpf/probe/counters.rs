@@ -1,20 +1,20 @@
-//! Reading a tracked device's counters: per queue, summed over CPUs, with its rings'
-//! occupancy samples and the drop reasons.
+//! Reading a tracked device's counters: per queue, the per-CPU ones summed over CPUs with
+//! the shared ones, its rings' occupancy samples and the drop reasons.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tap_probe_common::{
-    DeviceKey, DropKey, MAP_COUNTERS, MAP_DROP_REASONS, MAP_EVENTS_LOST, MAP_OCCUPANCY,
-    MAP_QUEUE_STATE, OCCUPANCY_BUCKETS, QueueCounters, RingSamples,
+    DeviceKey, DropKey, MAP_DROP_REASONS, MAP_EVENTS_LOST, OCCUPANCY_BUCKETS, QueueCounters,
+    QueueShared, RingSamples,
 };
 
 use super::Probe;
 
-/// A queue's ring occupancy samples since tracking began, over every CPU.
+/// A queue's ring occupancy samples since tracking began.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RingOccupancy {
-    /// The latest sample (of whichever CPU sampled last); `None` before the first.
+    /// The latest sample; `None` before the first.
     pub current: Option<u64>,
     /// The highest sample, or the ring's size once it tail-dropped.
     pub max: u64,
@@ -27,24 +27,16 @@ pub struct RingOccupancy {
 }
 
 impl RingOccupancy {
-    /// The samples of every CPU of one queue.
+    /// The samples of one queue, as the programs keep them.
     #[must_use]
-    pub(crate) fn over_cpus<'a>(cpus: impl IntoIterator<Item = &'a RingSamples>) -> Self {
-        let mut out = Self::default();
-        let mut latest = 0;
-        for s in cpus {
-            if s.count > 0 && s.ts_ns >= latest {
-                latest = s.ts_ns;
-                out.current = Some(s.current);
-            }
-            out.max = out.max.max(s.max);
-            out.samples += s.count;
-            out.sum += s.sum;
-            for (total, n) in out.histogram.iter_mut().zip(&s.buckets) {
-                *total += n;
-            }
+    pub(crate) fn of(s: &RingSamples) -> Self {
+        Self {
+            current: (s.count > 0).then_some(s.current),
+            max: s.max,
+            samples: s.count,
+            sum: s.sum,
+            histogram: s.buckets,
         }
-        out
     }
 
     /// The largest value bucket `k` holds, `None` for the last (unbounded) one.
@@ -54,7 +46,8 @@ impl RingOccupancy {
     }
 }
 
-/// Counters of one device, summed over CPUs.
+/// Counters of one device, per queue index from 0 to the highest counted (a queue between
+/// that is not counted reads as zero).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
     /// One entry per transmit queue.
@@ -68,63 +61,100 @@ pub struct DeviceCounters {
     pub(crate) drop_reasons: BTreeMap<(u32, u32), u64>,
 }
 
+/// The drop-reason breakdown by slot: `(reason, count)` pairs.
+pub(crate) type Reasons = HashMap<u32, Vec<(u32, u64)>>;
+
 impl Probe {
-    /// The device's per-queue counters now, summed over CPUs (without the drop reasons).
+    /// The device's per-queue counters now (without the drop reasons), one entry per queue
+    /// index as [`DeviceCounters::queues`] has them.
     ///
     /// # Errors
     /// When the device is not tracked or a map read fails.
     pub(crate) fn read_queues(&self, key: DeviceKey) -> anyhow::Result<Vec<QueueCounters>> {
-        let slot = self.slot_of(key)?;
-        let counters: PerCpuArray<&MapData, QueueCounters> =
-            PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
-        (slot.base..slot.base + slot.queues)
-            .map(|index| {
-                let mut total = QueueCounters::default();
-                for cpu in counters.get(&index, 0)?.iter() {
-                    total += *cpu;
-                }
-                Ok(total)
-            })
-            .collect()
+        let held = self.held(key)?;
+        let mut out = vec![QueueCounters::default(); queue_span(&held.queues)];
+        for (&queue, &slot) in &held.queues {
+            let shared = self.chunks.shared(slot)?;
+            out[queue as usize] = QueueCounters::of(&self.chunks.per_cpu(slot)?, &shared.counters);
+        }
+        Ok(out)
     }
 
-    /// The device's counters now, summed over CPUs.
+    /// The device's counters now.
     ///
     /// # Errors
     /// When the device is not tracked or a map read fails.
     pub fn read(&self, key: DeviceKey) -> anyhow::Result<DeviceCounters> {
-        let slot = self.slot_of(key)?;
-        let counters: PerCpuArray<&MapData, QueueCounters> =
-            PerCpuArray::try_from(self.map(MAP_COUNTERS)?)?;
-        let state: Array<&MapData, u64> = Array::try_from(self.map(MAP_QUEUE_STATE)?)?;
-        let occupancy: PerCpuArray<&MapData, RingSamples> =
-            PerCpuArray::try_from(self.map(MAP_OCCUPANCY)?)?;
-        let mut out = DeviceCounters::default();
-        for index in slot.base..slot.base + slot.queues {
-            let per_cpu = counters.get(&index, 0)?;
-            let mut total = QueueCounters::default();
-            for cpu in per_cpu.iter() {
-                total += *cpu;
-            }
-            out.queues.push(total);
-            let samples = occupancy.get(&index, 0)?;
-            out.occupancy.push(RingOccupancy::over_cpus(samples.iter()));
-            let since = state.get(&index, 0)?;
-            out.stopped_since
-                .push((since & 1 != 0).then_some(since & !1));
+        let held = self.held(key)?;
+        let n = queue_span(&held.queues);
+        let mut out = DeviceCounters {
+            queues: vec![QueueCounters::default(); n],
+            occupancy: vec![RingOccupancy::default(); n],
+            stopped_since: vec![None; n],
+            drop_reasons: BTreeMap::new(),
+        };
+        for (&queue, &slot) in &held.queues {
+            let i = queue as usize;
+            let QueueShared {
+                state,
+                counters,
+                occupancy,
+                ..
+            } = self.chunks.shared(slot)?;
+            out.queues[i] = QueueCounters::of(&self.chunks.per_cpu(slot)?, &counters);
+            out.occupancy[i] = RingOccupancy::of(&occupancy);
+            out.stopped_since[i] = (state & 1 != 0).then_some(state & !1);
         }
-        let reasons: PerCpuHashMap<&MapData, DropKey, u64> =
-            PerCpuHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;
-        for entry in &reasons {
-            let (k, values) = entry?;
-            if (slot.base..slot.base + slot.queues).contains(&k.slot) {
-                let n: u64 = values.iter().sum();
-                *out.drop_reasons
-                    .entry((k.slot - slot.base, k.reason))
-                    .or_default() += n;
+        // Read once per refresh, after the counters of the first device read in it.
+        if self.reasons.borrow().is_none() {
+            let reasons = self.read_reasons()?;
+            self.reasons.replace(Some(reasons));
+        }
+        if let Some(reasons) = &*self.reasons.borrow() {
+            for (&queue, slot) in &held.queues {
+                for &(reason, n) in reasons.get(slot).into_iter().flatten() {
+                    *out.drop_reasons.entry((queue, reason)).or_default() += n;
+                }
             }
         }
         Ok(out)
+    }
+
+    /// Every slot's drop reasons, in one pass over the map.
+    fn read_reasons(&self) -> anyhow::Result<Reasons> {
+        let map: BpfHashMap<&MapData, DropKey, u64> =
+            BpfHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;
+        let mut out = Reasons::new();
+        for entry in map.iter() {
+            let (key, n) = entry?;
+            out.entry(key.slot).or_default().push((key.reason, n));
+        }
+        Ok(out)
+    }
+
+    /// Removes the drop reasons of `slots`, in one pass over the map.
+    ///
+    /// # Errors
+    /// When the map cannot be read or updated.
+    pub(crate) fn remove_reasons(&mut self, slots: &[u32]) -> anyhow::Result<()> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let slots: HashSet<u32> = slots.iter().copied().collect();
+        let mut map: BpfHashMap<&mut MapData, DropKey, u64> =
+            BpfHashMap::try_from(self.map_mut(MAP_DROP_REASONS)?)?;
+        let leftover: Vec<DropKey> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| slots.contains(&k.slot))
+            .collect();
+        for key in leftover {
+            match map.remove(&key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Events the programs could not write because their CPU's ring buffer was full.
@@ -135,4 +165,9 @@ impl Probe {
         let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(self.map(MAP_EVENTS_LOST)?)?;
         Ok(lost.get(&0, 0)?.iter().sum())
     }
+}
+
+/// Entries from queue 0 to the highest of `queues` (at least one).
+fn queue_span(queues: &BTreeMap<u32, u32>) -> usize {
+    queues.keys().next_back().map_or(1, |&q| q as usize + 1)
 }

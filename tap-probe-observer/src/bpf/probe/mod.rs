@@ -1,8 +1,8 @@
-//! The loaded eBPF object: attach, decide which devices are tracked (`tracking`), read their
-//! counters (`counters`).
+//! The loaded eBPF object: attach, decide which devices are tracked (`tracking`), where
+//! their queues are counted (`chunks`), read their counters (`counters`), and what the
+//! maps cost the kernel (`memory`).
 //!
-//! Each tracked device owns `queues` consecutive slots of the counter map, handed out by
-//! [`Slots`].
+//! Each tracked queue owns a slot of the chunks, handed out by [`Slots`].
 
 use std::collections::HashMap;
 
@@ -13,9 +13,10 @@ use aya::{
     programs::RawTracePoint,
 };
 use tap_probe_common::{
-    DeviceKey, DeviceSlot, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, GLOBAL_FOLLOW_FLOWS,
-    GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_EVENTS, MAP_EVENTS_LOST,
-    MAX_QUEUE_SLOTS, PROG_SAMPLE_RINGS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLES_OFF,
+    DeviceKey, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL,
+    CHUNK_SLOTS, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_EVENTS, MAP_EVENTS_LOST,
+    MAX_CHUNKS, MAX_QUEUE_SLOTS,
+    PROG_SAMPLE_RINGS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLES_OFF,
 };
 
 use crate::bpf::backend::{Backend, Ring, Sources};
@@ -25,10 +26,13 @@ use crate::bpf::object::Object;
 use crate::bpf::slots::Slots;
 use crate::kernel::KernelInfo;
 
+mod chunks;
 mod counters;
+mod memory;
 mod tracking;
 
 pub use counters::{DeviceCounters, RingOccupancy};
+pub use memory::{MapMemory, Memory};
 pub(crate) use tracking::Full;
 
 /// Turns on the kernel's per-program run accounting (`kernel.bpf_stats_enabled`) for as long
@@ -89,6 +93,10 @@ pub struct Counting {
     pub occupancy_off: &'static str,
     /// Also macvlan's devices (for macvtap), which the programs otherwise do not count.
     pub macvtap: bool,
+    /// The most queues counted at once (rounded up to a whole chunk of
+    /// [`tap_probe_common::CHUNK_SLOTS`], at most [`tap_probe_common::MAX_QUEUE_SLOTS`]):
+    /// what bounds the kernel memory the probe takes as devices come.
+    pub max_queues: u32,
 }
 
 impl Counting {
@@ -99,6 +107,7 @@ impl Counting {
         occupancy: Occupancy::Events,
         occupancy_off: "turned off (--occupancy off)",
         macvtap: false,
+        max_queues: MAX_QUEUE_SLOTS,
     };
 
     /// Events, and none of the counters a trace does not carry.
@@ -108,6 +117,7 @@ impl Counting {
         occupancy: Occupancy::Off,
         occupancy_off: "not recorded",
         macvtap: false,
+        max_queues: MAX_QUEUE_SLOTS,
     };
 }
 
@@ -121,12 +131,16 @@ pub struct Probe {
     /// The programs' debug messages, when the log level shows them.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     sources: Sources,
-    cpus: usize,
-    /// The devices in `DEVICES`, with the slots each holds.
+    /// The CPUs the kernel may bring online: the number of values of a per-CPU map entry.
+    possible_cpus: usize,
+    /// The devices in `DEVICES`, with the slots their queues hold.
     tracked: HashMap<DeviceKey, Held>,
+    /// Slot numbers, free and taken.
     slots: Slots,
-    /// The spare ranges in the programs' queues, ready for new devices.
-    spares: Spares,
+    /// The chunks behind the slots.
+    chunks: chunks::Chunks,
+    /// The spare slots in the programs' queue, ready for new queues.
+    spares: Vec<u32>,
     /// The value last written to `GENERATION`.
     generation: u64,
     /// The kprobes attached, through links that report what they missed.
@@ -136,24 +150,22 @@ pub struct Probe {
     /// Whether the ring sampler is loaded (rings are sampled where events are, and BTF says
     /// where they are).
     sampler: bool,
-    /// The programs' count of registered devices when `DEVICES` was last looked through.
+    /// The programs' count of registered devices and queues when `DEVICES` and `QUEUES`
+    /// were last looked through.
     registered_seen: u64,
+    /// The drop-reason breakdown as read once per refresh (see [`Probe::refresh_started`]).
+    reasons: std::cell::RefCell<Option<counters::Reasons>>,
+    /// The maps' kernel memory as last read, with the number of chunks then.
+    memory: std::cell::RefCell<Option<(usize, Memory)>>,
 }
 
-/// A device in `DEVICES` and the slots it holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A device in `DEVICES` and the slots its queues hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Held {
-    slot: DeviceSlot,
-    /// The length of its range of slots (a spare multi-queue range is longer than the
-    /// queues counted in it); 0 for a device left out (no slots).
-    len: u32,
-}
-
-/// The bases of the spare ranges in the programs' queues (`SPARE_SINGLES`, `SPARE_RANGES`).
-#[derive(Debug, Default)]
-struct Spares {
-    singles: Vec<u32>,
-    ranges: Vec<u32>,
+    /// `DeviceEntry::flags`.
+    flags: u32,
+    /// Queue index to slot, for each queue counted; empty for a device left out.
+    queues: std::collections::BTreeMap<u32, u32>,
 }
 
 /// Who put a device into `DEVICES`.
@@ -219,7 +231,12 @@ impl Probe {
         // A slot per CPU that may come online (CPU ids are below that number); the rings
         // go in only when recording, so watching holds no ring memory.
         loader.map_max_entries(MAP_EVENTS, u32::try_from(cpus)?);
+        if !counting.flows {
+            // The flow table is only read when flows are followed: one entry holds nothing.
+            loader.map_max_entries(tap_probe_common::MAP_FLOWS, 1);
+        }
         let mut ebpf = Object::Probe.load(&mut loader)?;
+        let chunks = chunks::Chunks::new(&mut ebpf, cpus)?;
         // The rings go in before any program runs, so that no event finds its CPU's slot
         // empty.
         let (event_cpus, events) = if counting.events {
@@ -268,15 +285,18 @@ impl Probe {
             event_cpus,
             logger,
             sources,
-            cpus,
+            possible_cpus: cpus,
             tracked: HashMap::new(),
-            slots: Slots::new(MAX_QUEUE_SLOTS),
-            spares: Spares::default(),
+            slots: Slots::new(counting.max_queues.div_ceil(CHUNK_SLOTS).clamp(1, MAX_CHUNKS)),
+            chunks,
+            spares: Vec::new(),
             generation: 0,
             kprobes,
             kprobe_link_missed: kernel.kprobe_link_missed,
             sampler,
             registered_seen: 0,
+            reasons: std::cell::RefCell::new(None),
+            memory: std::cell::RefCell::new(None),
         };
         probe.refill_spares()?;
         Ok(probe)

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use tap_probe_common::{DeviceKey, MAX_QUEUES_PER_DEVICE, QueueCounters};
+use tap_probe_common::{DeviceKey, QueueCounters};
 
 use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
 use crate::bpf::missed::ProgramMissed;
@@ -478,6 +478,7 @@ impl<H: Host> Tracker<H> {
             untracked,
             missed: self.host.missed(),
             no_room: self.host.no_room(),
+            memory: self.host.memory(),
             modules_changed,
         })
     }
@@ -614,13 +615,9 @@ fn start_tracking(
     if full {
         return Err(Full::Devices.into());
     }
-    // A multi-queue tap has 256 queues whatever number is attached; count the first
-    // MAX_QUEUES_PER_DEVICE (the eBPF side ignores queues beyond).
-    let origin = host.track(
-        key,
-        device.queues.clamp(1, MAX_QUEUES_PER_DEVICE),
-        device.slot_flags(),
-    )?;
+    // A multi-queue tap has 256 queues whatever number is attached: count those in use
+    // now; the programs add any other at its first packet.
+    let origin = host.track(key, device.active_queues.max(1), device.slot_flags())?;
     if from_birth {
         // Created since the programs began registering devices: they have counted it since
         // its first packet (`Origin::Probes`), or it has sent none yet (`Origin::Loader`),

@@ -195,7 +195,8 @@ impl Host for FakeHost {
             .ok_or_else(|| anyhow::anyhow!("{key:?} is not tracked"))?;
         self.tick();
         let mut counters = self.counters.get(&key).cloned().unwrap_or_default();
-        let queues = usize::try_from(queues).unwrap();
+        // The queues tracked, and any other the programs registered at its first packet.
+        let queues = usize::try_from(queues).unwrap().max(counters.queues.len());
         counters.queues.resize(queues, QueueCounters::default());
         counters.stopped_since.resize(queues, None);
         counters.occupancy.resize(queues, RingOccupancy::default());
@@ -246,6 +247,10 @@ impl Host for FakeHost {
 
     fn module_changes(&self) -> Vec<ModuleChange> {
         self.modules.clone()
+    }
+
+    fn memory(&self) -> Option<crate::bpf::probe::Memory> {
+        None
     }
 }
 
@@ -451,7 +456,7 @@ fn a_gone_device_is_reported_once_more_with_its_last_counters_then_forgotten() {
 }
 
 #[test]
-fn queues_are_capped_and_shown_when_in_use_or_counting() {
+fn queues_in_use_are_tracked_and_shown_with_those_counting() {
     let mut t = tracker();
     let key = DeviceKey {
         netns_inode: 7,
@@ -463,9 +468,13 @@ fn queues_are_capped_and_shown_when_in_use_or_counting() {
     mq.active_queues = 2;
     t.host.devices = vec![mq];
     let rows = t.refresh().unwrap().rows;
-    assert_eq!(t.host.tracked.get(&key), Some(&MAX_QUEUES_PER_DEVICE));
+    assert_eq!(
+        t.host.tracked.get(&key),
+        Some(&2),
+        "the attached queues, not the 256 allocated: the programs add any other"
+    );
     assert_eq!(rows.iter().map(|r| r.queue).collect::<Vec<_>>(), [0, 1]);
-    // Queue 9 counted something (a reader detached since): it shows too.
+    // Queue 9 counted something (attached since; the programs registered it): it shows too.
     let mut counters = DeviceCounters::default();
     counters.queues.resize(10, QueueCounters::default());
     counters.queues[9].enqueued = 3;

@@ -58,11 +58,11 @@ impl Departed {
             .rows
             .iter()
             .filter(|row| !row.retired)
-            .map(super::labels)
+            .map(|row| super::labels(row, true))
             .collect();
         self.rows
             .iter()
-            .filter(|(_, row)| !live.contains(&super::labels(row)))
+            .filter(|(_, row)| !live.contains(&super::labels(row, true)))
             .map(|(_, row)| row.clone())
             .collect()
     }

@@ -36,7 +36,7 @@ fn served() -> (BTreeSet<String>, BTreeSet<String>) {
         release: "r".to_owned(),
         tun_backpressure: None,
     };
-    let text = exposition_with(&report, &[], Some(&about));
+    let text = exposition_with(&report, &[], Some(&about), super::Series::ALL);
     let mut names = BTreeSet::new();
     let mut labels = BTreeSet::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -53,6 +53,8 @@ pub(crate) struct Settings {
     pub(crate) departed_grace: Duration,
     /// Facts served as info families; `None`: none.
     pub(crate) about: Option<About>,
+    /// Which series are served.
+    pub(crate) series: super::Series,
 }
 
 impl Settings {
@@ -81,6 +83,7 @@ pub(crate) struct Exporter {
     served: watch::Sender<Served>,
     departed: RefCell<Departed>,
     about: Option<About>,
+    series: super::Series,
     addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -116,6 +119,7 @@ impl Exporter {
             served,
             departed: RefCell::new(Departed::new(settings.departed_grace)),
             about: settings.about,
+            series: settings.series,
             addr,
             shutdown: Some(shutdown),
             thread: Some(thread),
@@ -132,7 +136,7 @@ impl Exporter {
     pub(crate) fn publish(&self, report: &Report) {
         let now = Instant::now();
         let departed = self.departed.borrow_mut().update(report, now);
-        let text = super::exposition_with(report, &departed, self.about.as_ref());
+        let text = super::exposition_with(report, &departed, self.about.as_ref(), self.series);
         self.served.send_replace(Served {
             text: text.into(),
             refreshed: Some(now),

@@ -1,0 +1,202 @@
+//! The chunks of per-queue storage the loader creates and puts into the programs' arrays of
+//! maps (`PER_CPU_CHUNKS`, `SHARED_CHUNKS`): each holds [`CHUNK_SLOTS`] slots, a per-CPU
+//! array of [`PerCpuCounters`] and an array of [`QueueShared`]. Chunk `i` holds slots
+//! `i * CHUNK_SLOTS ..`.
+
+use std::os::fd::{AsFd as _, AsRawFd as _, RawFd};
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::{
+    Ebpf,
+    maps::{Array, ArrayOfMaps, IterableMap as _, Map, MapData, PerCpuArray, PerCpuValues},
+};
+use tap_probe_common::{
+    CHUNK_SLOTS, MAP_PER_CPU_CHUNKS, MAP_SHARED_CHUNKS, PerCpuCounters, QueueShared,
+};
+
+use crate::bpf::sys;
+
+type PerCpuChunk = PerCpuArray<MapData, PerCpuCounters>;
+type SharedChunk = Array<MapData, QueueShared>;
+
+/// One chunk's two maps.
+struct Chunk {
+    per_cpu: PerCpuChunk,
+    shared: SharedChunk,
+}
+
+/// The chunks there are, and the two arrays of maps the programs find them in.
+pub(crate) struct Chunks {
+    per_cpu_outer: ArrayOfMaps<MapData, PerCpuChunk>,
+    shared_outer: ArrayOfMaps<MapData, SharedChunk>,
+    /// The two arrays' descriptors, in that order (the typed maps do not show them).
+    outer_fds: [RawFd; 2],
+    /// Indexed by chunk number; `None` for a chunk given back.
+    chunks: Vec<Option<Chunk>>,
+    /// CPUs the kernel keeps per-CPU values for (the possible CPUs).
+    cpus: usize,
+}
+
+impl Chunks {
+    /// Takes the two arrays of maps out of the loaded object (the programs keep them).
+    ///
+    /// # Errors
+    /// When the object lacks them.
+    pub(crate) fn new(ebpf: &mut Ebpf, cpus: usize) -> anyhow::Result<Self> {
+        let mut take = |name: &str| -> anyhow::Result<(Map, RawFd)> {
+            let map = ebpf
+                .take_map(name)
+                .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))?;
+            let Map::ArrayOfMaps(data) = &map else {
+                bail!("map {name} is not an array of maps");
+            };
+            let fd = data.fd().as_fd().as_raw_fd();
+            Ok((map, fd))
+        };
+        let (per_cpu, per_cpu_fd) = take(MAP_PER_CPU_CHUNKS)?;
+        let (shared, shared_fd) = take(MAP_SHARED_CHUNKS)?;
+        Ok(Self {
+            per_cpu_outer: ArrayOfMaps::try_from(per_cpu)?,
+            shared_outer: ArrayOfMaps::try_from(shared)?,
+            outer_fds: [per_cpu_fd, shared_fd],
+            chunks: Vec::new(),
+            cpus,
+        })
+    }
+
+    /// Creates chunk `index`, zeroed, and puts it where the programs find it.
+    ///
+    /// # Errors
+    /// When the kernel refuses to create the maps (out of memory) or to take them.
+    pub(crate) fn add(&mut self, index: u32) -> anyhow::Result<()> {
+        use aya_obj::generated::bpf_map_type::{BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY};
+        let create = |kind, value: usize, name: &str| {
+            let def = aya_obj::Map::new_from_params(
+                kind as u32,
+                4,
+                u32::try_from(value)?,
+                CHUNK_SLOTS,
+                0,
+            );
+            MapData::create(def, name, None)
+                .with_context(|| format!("creating chunk {index} of the per-queue storage"))
+        };
+        let per_cpu = PerCpuArray::try_from(Map::PerCpuArray(create(
+            BPF_MAP_TYPE_PERCPU_ARRAY,
+            size_of::<PerCpuCounters>(),
+            &format!("tp_percpu_{index}"),
+        )?))?;
+        let shared = Array::try_from(Map::Array(create(
+            BPF_MAP_TYPE_ARRAY,
+            size_of::<QueueShared>(),
+            &format!("tp_shared_{index}"),
+        )?))?;
+        // The shared part first: a program that finds the per-CPU part finds both.
+        self.shared_outer
+            .set(index, &shared, 0)
+            .with_context(|| format!("installing chunk {index}"))?;
+        self.per_cpu_outer
+            .set(index, &per_cpu, 0)
+            .with_context(|| format!("installing chunk {index}"))?;
+        let at = index as usize;
+        if self.chunks.len() <= at {
+            self.chunks.resize_with(at + 1, || None);
+        }
+        self.chunks[at] = Some(Chunk { per_cpu, shared });
+        Ok(())
+    }
+
+    /// Takes chunk `index` out of the programs' reach and frees it (the kernel keeps it until
+    /// no program runs with it). Its slots must be free.
+    ///
+    /// # Errors
+    /// When the kernel refuses the update.
+    pub(crate) fn remove(&mut self, index: u32) -> anyhow::Result<()> {
+        for outer in self.outer_fds {
+            sys::map_delete(outer, &index)
+                .with_context(|| format!("removing chunk {index} of the per-queue storage"))?;
+        }
+        if let Some(chunk) = self.chunks.get_mut(index as usize) {
+            *chunk = None;
+        }
+        Ok(())
+    }
+
+    fn chunk(&self, slot: u32) -> anyhow::Result<&Chunk> {
+        self.chunks
+            .get((slot / CHUNK_SLOTS) as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| anyhow!("slot {slot} is in no chunk"))
+    }
+
+    fn chunk_mut(&mut self, slot: u32) -> anyhow::Result<&mut Chunk> {
+        self.chunks
+            .get_mut((slot / CHUNK_SLOTS) as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| anyhow!("slot {slot} is in no chunk"))
+    }
+
+    /// Zeroes slot `slot`, its queue state set to `state`.
+    ///
+    /// # Errors
+    /// When a map update fails.
+    pub(crate) fn reset(&mut self, slot: u32, state: u64) -> anyhow::Result<()> {
+        let cpus = self.cpus;
+        let chunk = self.chunk_mut(slot)?;
+        let zero = PerCpuValues::try_from(vec![PerCpuCounters::default(); cpus])?;
+        chunk.per_cpu.set(slot % CHUNK_SLOTS, zero, 0)?;
+        chunk.shared.set(
+            slot % CHUNK_SLOTS,
+            QueueShared {
+                state,
+                ..QueueShared::default()
+            },
+            0,
+        )?;
+        Ok(())
+    }
+
+    /// Slot `slot`'s per-CPU counters, summed over CPUs.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub(crate) fn per_cpu(&self, slot: u32) -> anyhow::Result<PerCpuCounters> {
+        let mut total = PerCpuCounters::default();
+        for cpu in self.chunk(slot)?.per_cpu.get(&(slot % CHUNK_SLOTS), 0)?.iter() {
+            total += *cpu;
+        }
+        Ok(total)
+    }
+
+    /// Slot `slot`'s shared part.
+    ///
+    /// # Errors
+    /// When the map cannot be read.
+    pub(crate) fn shared(&self, slot: u32) -> anyhow::Result<QueueShared> {
+        Ok(self.chunk(slot)?.shared.get(&(slot % CHUNK_SLOTS), 0)?)
+    }
+
+    /// The descriptors of the chunks' maps, for their kernel memory.
+    pub(crate) fn fds(&self) -> Vec<i32> {
+        self.chunks
+            .iter()
+            .flatten()
+            .flat_map(|c| {
+                [
+                    c.per_cpu.map().fd().as_fd().as_raw_fd(),
+                    c.shared.map().fd().as_fd().as_raw_fd(),
+                ]
+            })
+            .collect()
+    }
+
+    /// Chunks there are.
+    pub(crate) fn count(&self) -> usize {
+        self.chunks.iter().flatten().count()
+    }
+
+    /// The descriptors of the two arrays of maps, for their kernel memory.
+    pub(crate) fn outer_fds(&self) -> [RawFd; 2] {
+        self.outer_fds
+    }
+}
