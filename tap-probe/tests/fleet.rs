@@ -8,7 +8,9 @@
 //! `tx_packets`, the qdiscs' requeues, the ring's size, the programs' `recursion_misses`.
 //!
 //! Each comparison with the kernel is counted through [`common::oracle::Checks`], exact where
-//! the kernel skipped none of `serve`'s programs' runs.
+//! the kernel skipped none of `serve`'s programs' runs. The scenario runs twice: with
+//! `serve`'s default series (one per device and family) and with the detailed ones
+//! (`--per-queue --occupancy-histogram`); the dashboard and the rules must hold for both.
 //!
 //! Rate queries are evaluated at the time of a scrape, over a window that holds every
 //! sample: Prometheus then extrapolates nothing past the last sample, and to the first
@@ -48,6 +50,24 @@ const LOAD_SECS: &str = "3";
 const BACKEND: Backend = Backend::Tracepoint;
 /// Seconds between `serve`'s refreshes.
 const REFRESH: f64 = 0.5;
+
+/// Which series `serve` serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// One series per device and family.
+    Default,
+    /// A series per queue, and the occupancy histogram.
+    Detailed,
+}
+
+impl Form {
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Self::Default => &[],
+            Self::Detailed => &["--per-queue", "--occupancy-histogram"],
+        }
+    }
+}
 
 /// A device of a load, and what the kernel counted on it.
 #[derive(Debug)]
@@ -146,6 +166,7 @@ fn total(series: &[Series], device: &Device) -> Option<f64> {
 fn check_panel(
     checks: &mut Checks,
     gate: &Gate,
+    form: Form,
     title: &str,
     targets: &BTreeMap<String, Vec<Series>>,
     window: f64,
@@ -280,6 +301,11 @@ fn check_panel(
                 Some(ring),
                 title,
             );
+            absent("A", veth);
+        }
+        "Ring occupancy, 99th percentile of samples" if form == Form::Default => {
+            // The histogram is served only when asked for.
+            absent("A", tap);
             absent("A", veth);
         }
         "Ring occupancy, 99th percentile of samples" => {
@@ -456,11 +482,20 @@ fn rates_are_whole(
 }
 
 #[test]
+fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
+    scenario(Form::Default);
+}
+
+#[test]
+fn per_queue_the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
+    scenario(Form::Detailed);
+}
+
 #[expect(
     clippy::too_many_lines,
     reason = "one scenario, start to stop, in order"
 )]
-fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
+fn scenario(form: Form) {
     if !tap_probe_lab::lab::root() {
         return;
     }
@@ -474,17 +509,16 @@ fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     let started = now();
     let binary: PathBuf = std::fs::canonicalize(BIN).unwrap();
     let refresh = REFRESH.to_string();
-    let (service, loaded) = Service::tracepoints(
-        &binary,
-        &[
-            "--interval",
-            &refresh,
-            "--forget-after",
-            "600",
-            "--netns",
-            "tap-probe-load-*",
-        ],
-    );
+    let mut args = vec![
+        "--interval",
+        &refresh,
+        "--forget-after",
+        "600",
+        "--netns",
+        "tap-probe-load-*",
+    ];
+    args.extend(form.args());
+    let (service, loaded) = Service::tracepoints(&binary, &args);
     let prometheus = Prometheus::start(&service.addr);
     let deadline = Instant::now() + Duration::from_secs(30);
     while prometheus
@@ -636,6 +670,7 @@ fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
         check_panel(
             &mut checks,
             &gate,
+            form,
             title,
             &results,
             window,

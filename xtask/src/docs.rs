@@ -9,7 +9,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
-use tap_probe_common::{Hook, KernelStat, Kind, METRICS, Metric, Requires, Source, Unit};
+use tap_probe_common::{
+    Export, Hook, KernelStat, Kind, METRICS, Metric, Requires, Source, Store, Unit,
+};
 
 use crate::cmd;
 
@@ -162,16 +164,30 @@ fn unit(unit: Unit) -> &'static str {
     }
 }
 
-fn source(source: Source) -> &'static str {
+fn source(source: Source) -> String {
     match source {
-        Source::Programs { hook, .. } => match hook {
-            Hook::Xmit => "the eBPF programs on driver calls, per CPU",
-            Hook::Drops => "the eBPF programs on drops in the driver, per CPU",
-            Hook::Consumed => "the eBPF programs on reader takes, per CPU",
-            Hook::QueueState => "the eBPF programs on the queue state, per CPU",
-            Hook::Requeues => "the eBPF programs on requeues while stopped, per CPU",
-            Hook::Wakes => "the eBPF programs on wakes, by caller, per CPU",
-        },
+        Source::Programs { hook, store, .. } => format!(
+            "the eBPF programs on {}, {}",
+            match hook {
+                Hook::Xmit => "driver calls",
+                Hook::Drops => "drops in the driver",
+                Hook::Consumed => "reader takes",
+                Hook::QueueState => "the queue state",
+                Hook::Requeues => "requeues while stopped",
+                Hook::Wakes => "wakes, by caller",
+            },
+            match store {
+                Store::PerCpu => "per CPU",
+                Store::Shared => "shared (atomic adds)",
+            }
+        ),
+        other => other_source(other).to_owned(),
+    }
+}
+
+fn other_source(source: Source) -> &'static str {
+    match source {
+        Source::Programs { .. } => "the eBPF programs",
         Source::Counters(_) => "computed from the counters",
         Source::QueueState => "the queue state the programs keep",
         Source::Stuck => "judged at each refresh",
@@ -193,18 +209,23 @@ fn requires(requires: Requires) -> &'static str {
     }
 }
 
-/// The Prometheus families of a value (a distribution has three), or `-`.
+/// The Prometheus families of a value (a distribution has three), or `-`, and which need a
+/// flag of `serve`.
 fn prometheus(metric: &Metric) -> String {
     let Some(family) = metric.prometheus else {
         return "-".to_owned();
     };
-    if metric.kind == Kind::Distribution {
+    let families = if metric.kind == Kind::Distribution {
         format!(
             "`tap_probe_{family}`, `tap_probe_{family}_max`, `tap_probe_{family}_samples` \
-             (histogram)"
+             (histogram, with `--occupancy-histogram`)"
         )
     } else {
         format!("`tap_probe_{family}`")
+    };
+    match metric.export {
+        Export::Device => families,
+        Export::Detail => format!("{families} (with `--per-queue`)"),
     }
 }
 

@@ -26,6 +26,9 @@ const PER_KERNEL: &[&str] = &["program-misses", "sysfs", "tc", "tcp-stack"];
 const BACKENDS_AGREE: &str = "other-backend";
 /// Where a kernel reports what a kprobe missed.
 const KPROBE_MISSES: &str = "kprobe-misses";
+/// Oracles the host must be checked against exactly: what the tests that only the host runs
+/// compare (see `suite::HOST_ONLY`).
+const HOST_ORACLES: &[&str] = &["map-memory"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,6 +141,7 @@ impl Kernel {
         let known = |oracle: &str| {
             PER_BACKEND.contains(&oracle)
                 || PER_KERNEL.contains(&oracle)
+                || HOST_ORACLES.contains(&oracle)
                 || [BACKENDS_AGREE, KPROBE_MISSES].contains(&oracle)
         };
         for tally in said.tallies.iter().filter(|t| !known(&t.oracle)) {
@@ -181,6 +185,10 @@ impl Kernel {
         }
         if self.kprobe_misses {
             required.push((KPROBE_MISSES, None));
+        }
+        // Only the host's expectations name its release.
+        if self.release.is_some() {
+            required.extend(HOST_ORACLES.iter().map(|oracle| (*oracle, None)));
         }
         required
     }

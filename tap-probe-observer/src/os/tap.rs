@@ -88,6 +88,8 @@ pub struct Tap {
     name: String,
     ifindex: u32,
     queues: Vec<OwnedFd>,
+    /// The `IFF_*` flags it was created with, for the queues attached later.
+    flags: libc::c_int,
 }
 
 impl Tap {
@@ -149,7 +151,24 @@ impl Tap {
             name: actual,
             ifindex,
             queues,
+            flags,
         })
+    }
+
+    /// Attaches one more queue to a multi-queue tap, as a VM's holder does when it opens
+    /// another fd on it: the tap's queues in use grow by one. Run in the tap's namespace.
+    /// The new queue's index.
+    ///
+    /// # Errors
+    /// When the tap is not multi-queue, or the kernel refuses.
+    pub fn attach_queue(&mut self) -> Result<usize> {
+        if self.flags & libc::IFF_MULTI_QUEUE == 0 {
+            bail!("tap {} is not multi-queue: it has one queue", self.name);
+        }
+        let (fd, _) = attach(&self.name, self.flags)
+            .with_context(|| format!("cannot attach another queue to tap {}", self.name))?;
+        self.queues.push(fd);
+        Ok(self.queues.len() - 1)
     }
 
     #[must_use]

@@ -66,12 +66,16 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         watcher.sources()
     );
     let mut failing = false;
+    let mut first = true;
     loop {
         match watcher.refresh() {
             Ok(report) => {
                 if failing {
                     log::info!("refreshing again");
                     failing = false;
+                }
+                if std::mem::take(&mut first) {
+                    log::info!("{}", tracking(&report));
                 }
                 exporter.publish(&report);
             }
@@ -93,4 +97,30 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     drop(exporter);
     log::info!("stopped");
     Ok(())
+}
+
+/// What a refresh tracks and the kernel memory it takes, for the log.
+fn tracking(report: &tap_probe_observer::host::report::Report) -> String {
+    use crate::output::progress::bytes;
+    let live = || report.rows.iter().filter(|r| !r.retired);
+    let devices: std::collections::HashSet<(&str, u32)> =
+        live().map(|r| (r.netns.as_str(), r.ifindex)).collect();
+    let mut text = format!(
+        "tracking {} devices ({} queues), {} untracked",
+        devices.len(),
+        live().count(),
+        report.untracked.len()
+    );
+    if let Some(memory) = &report.memory {
+        let _ = std::fmt::Write::write_fmt(
+            &mut text,
+            format_args!(
+                "; the probe's maps hold {} of kernel memory ({} possible CPUs; {} with 256)",
+                bytes(memory.bytes()),
+                memory.possible_cpus,
+                bytes(memory.bytes_at(256)),
+            ),
+        );
+    }
+    text
 }

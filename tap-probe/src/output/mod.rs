@@ -282,8 +282,52 @@ impl Output {
             .map(|l| width.map_or_else(|| l.to_owned(), |w| compact::clip(l, w)))
             .collect();
         push_lines(&mut t, &programs);
+        if report.programs.is_some()
+            && let Some(memory) = &report.memory
+        {
+            push_lines(&mut t, &memory_lines(memory));
+        }
         crate::output::stdout(&t)
     }
+}
+
+/// What the probe's maps hold of the kernel's memory, for people: the total, what the same
+/// maps would take on a host with 256 CPUs, and the maps that hold most.
+pub(crate) fn memory_lines(memory: &tap_probe_observer::bpf::probe::Memory) -> Vec<String> {
+    use crate::output::progress::bytes;
+    let chunks: Vec<_> = memory
+        .maps
+        .iter()
+        .filter(|m| m.name.starts_with("chunk "))
+        .collect();
+    let mut out = vec![format!(
+        "kernel memory: {} in {} maps ({} possible CPUs); {} with 256 CPUs",
+        bytes(memory.bytes()),
+        memory.maps.len(),
+        memory.possible_cpus,
+        bytes(memory.bytes_at(256)),
+    )];
+    if !chunks.is_empty() {
+        out.push(format!(
+            "  per-queue chunks: {} maps, {} ({} of it per CPU)",
+            chunks.len(),
+            bytes(chunks.iter().map(|m| m.bytes).sum()),
+            bytes(
+                chunks.iter().map(|m| m.per_cpu_bytes).sum::<u64>()
+                    * memory.possible_cpus as u64
+            ),
+        ));
+    }
+    let mut largest: Vec<_> = memory
+        .maps
+        .iter()
+        .filter(|m| !m.name.starts_with("chunk "))
+        .collect();
+    largest.sort_by_key(|m| std::cmp::Reverse(m.bytes));
+    for m in largest.iter().take(5) {
+        out.push(format!("  {}: {}", m.name, bytes(m.bytes)));
+    }
+    out
 }
 
 fn push_lines(text: &mut String, lines: &[String]) {

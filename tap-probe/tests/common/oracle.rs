@@ -43,6 +43,8 @@ pub(crate) enum Oracle {
     Sysfs,
     /// `tc -s -j`, read beside rtnetlink.
     Tc,
+    /// The kernel memory charged for each eBPF map (`memlock` in its fdinfo).
+    MapMemory,
 }
 
 impl Oracle {
@@ -60,6 +62,7 @@ impl Oracle {
             Self::KprobeMisses => "kprobe-misses",
             Self::Sysfs => "sysfs",
             Self::Tc => "tc",
+            Self::MapMemory => "map-memory",
         }
     }
 }

@@ -79,6 +79,9 @@ impl Probe {
         for (name, map) in self.ebpf.maps() {
             maps.push(map_memory(name.to_owned(), data(map).fd().as_fd().as_raw_fd())?);
         }
+        if let Some(fd) = self.log_map {
+            maps.push(map_memory(super::AYA_LOGS.to_owned(), fd)?);
+        }
         for (name, fd) in [tap_probe_common::MAP_PER_CPU_CHUNKS, tap_probe_common::MAP_SHARED_CHUNKS]
             .into_iter()
             .zip(self.chunks.outer_fds())
@@ -94,6 +97,11 @@ impl Probe {
             maps,
         })
     }
+}
+
+/// The descriptor of map `name` of the loaded object, if it has one.
+pub(super) fn descriptor(ebpf: &aya::Ebpf, name: &str) -> Option<RawFd> {
+    ebpf.map(name).map(|map| data(map).fd().as_fd().as_raw_fd())
 }
 
 /// One map's `memlock`, and its per-CPU part from its type and sizes in the same fdinfo.

@@ -65,6 +65,9 @@ impl EventsLost {
     }
 }
 
+/// The map aya-log's logger reads the programs' messages from (`aya_log`'s own name for it).
+const AYA_LOGS: &str = "AYA_LOGS";
+
 /// Where the programs sample the tun/tap rings' occupancy (`ring_occupancy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Occupancy {
@@ -130,6 +133,8 @@ pub struct Probe {
     event_cpus: Vec<u32>,
     /// The programs' debug messages, when the log level shows them.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// The descriptor of the map the logger took, while it holds it.
+    log_map: Option<std::os::fd::RawFd>,
     sources: Sources,
     /// The CPUs the kernel may bring online: the number of values of a per-CPU map entry.
     possible_cpus: usize,
@@ -244,6 +249,8 @@ impl Probe {
         } else {
             (Vec::new(), Vec::new())
         };
+        // The logger takes its map out of the object: its descriptor, for the memory.
+        let log_map = memory::descriptor(&ebpf, AYA_LOGS);
         let logger = if log_debug {
             aya_log::EbpfLogger::init(&mut ebpf)
                 .map_err(|err| log::debug!("no log from the eBPF programs: {err}"))
@@ -251,6 +258,7 @@ impl Probe {
         } else {
             None
         };
+        let log_map = log_map.filter(|_| logger.is_some());
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
         sources.flows = counting.flows;
@@ -284,6 +292,7 @@ impl Probe {
             events,
             event_cpus,
             logger,
+            log_map,
             sources,
             possible_cpus: cpus,
             tracked: HashMap::new(),

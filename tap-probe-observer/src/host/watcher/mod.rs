@@ -315,9 +315,11 @@ impl<H: Host> Tracker<H> {
             .filter(|k| !current.contains_key(k))
             .copied()
             .collect();
+        let mut retired = Vec::with_capacity(gone.len());
         for key in gone {
-            self.retire(key, now_ns, &mut rows);
+            retired.extend(self.retire(key, now_ns, &mut rows));
         }
+        log_devices(&retired, "gone; retired");
         // The devices the filter leaves out: the programs skip them (and do not register
         // them at their first packet). Those gone are forgotten.
         for key in self.ignored.clone() {
@@ -438,16 +440,31 @@ impl<H: Host> Tracker<H> {
                 &stuck,
             ));
         }
-        for key in born {
-            log::info!(
-                "{} (netns {}) appeared; counted from its first packet",
-                self.devices[&key].device.name,
-                self.devices[&key].device.netns
-            );
-        }
+        let born: Vec<String> = born
+            .iter()
+            .map(|key| {
+                let d = &self.devices[key].device;
+                format!("{} (netns {})", d.name, d.netns)
+            })
+            .collect();
+        log_devices(&born, "appeared; counted from its first packet");
         self.seen.extend(self.devices.keys().copied());
         self.seen.extend(left_out.iter().copied());
         self.seen.extend(self.untracked.keys().copied());
+        // A namespace no longer listed is gone: the scan's socket in it kept it alive until
+        // now, so only from now on may the kernel give its inode to a namespace created
+        // later, whose devices (from ifindex 2 again) are new ones, not those seen here.
+        let vanished: Vec<u32> = self
+            .namespaces_listed
+            .iter()
+            .filter(|inode| !namespaces.contains_key(inode))
+            .copied()
+            .collect();
+        for inode in vanished {
+            self.namespaces_listed.remove(&inode);
+            self.namespaces_read.remove(&inode);
+            self.seen.retain(|key| key.netns_inode != inode);
+        }
         for (&inode, &was_read) in &namespaces {
             self.namespaces_listed.insert(inode);
             if was_read {
@@ -529,11 +546,10 @@ fn context(
 }
 
 impl<H: Host> Tracker<H> {
-    /// A device is gone: its last row, marked, and its slots given back.
-    fn retire(&mut self, key: DeviceKey, now_ns: u64, rows: &mut Vec<Row>) {
-        let Some(mut tracked) = self.devices.remove(&key) else {
-            return;
-        };
+    /// A device is gone: its last row, marked, and its slots given back. Its name, for the
+    /// log.
+    fn retire(&mut self, key: DeviceKey, now_ns: u64, rows: &mut Vec<Row>) -> Option<String> {
+        let mut tracked = self.devices.remove(&key)?;
         // Read before untracking: the slots are zeroed on reuse, not on removal.
         match self.host.counters(key) {
             Ok(counters) => {
@@ -558,11 +574,27 @@ impl<H: Host> Tracker<H> {
             log::warn!("untracking {}: {err:#}", tracked.device.name);
         }
         self.full = false;
-        log::info!(
-            "{} (netns {}) is gone; retired",
-            tracked.device.name,
-            tracked.device.netns
-        );
+        Some(format!(
+            "{} (netns {})",
+            tracked.device.name, tracked.device.netns
+        ))
+    }
+}
+
+/// Says what happened to devices in one line per refresh, without a name per device when
+/// a whole host's VMs start or stop at once.
+fn log_devices(names: &[String], what: &str) {
+    const SHOWN: usize = 8;
+    match names {
+        [] => {}
+        [one] => log::info!("{one} {what}"),
+        _ => {
+            let mut list = names[..names.len().min(SHOWN)].join(", ");
+            if names.len() > SHOWN {
+                let _ = write!(list, " and {} more", names.len() - SHOWN);
+            }
+            log::info!("{} devices {what}: {list}", names.len());
+        }
     }
 }
 

@@ -374,6 +374,40 @@ fn a_device_created_after_attach_is_counted_from_birth() {
     assert!(rows.iter().all(|r| r.from_birth), "{rows:?}");
 }
 
+/// A namespace that went away may give its inode to one created later, whose first device
+/// takes ifindex 2 again: a new device, counted from its first packet, not the one seen
+/// before under the same key.
+#[test]
+fn a_namespace_whose_inode_comes_back_holds_new_devices() {
+    let mut t = tracker();
+    let key = DeviceKey {
+        netns_inode: 9,
+        ifindex: 2,
+    };
+    let mut old = device(2, "old0", 500, 0);
+    old.key = key;
+    t.host.devices = vec![old];
+    let rows = t.refresh().unwrap().rows;
+    assert!(!rows[0].from_birth, "there at attach");
+    // The namespace goes, with its device: no scan lists it.
+    t.host.devices.clear();
+    let rows = t.refresh().unwrap().rows;
+    assert!(rows.iter().all(|r| r.retired), "{rows:?}");
+    // A namespace with the same inode, whose device sent 100 packets the programs counted.
+    let mut new = device(2, "new0", 100, 0);
+    new.key = key;
+    t.host.devices = vec![new];
+    t.host.registered = vec![key];
+    t.host.counters.insert(key, consumed(100));
+    let rows = t.refresh().unwrap().rows;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].ifname, "new0");
+    assert!(rows[0].from_birth, "a new device: {rows:?}");
+    assert_eq!(rows[0].counters.consumed, 100);
+    assert_eq!(rows[0].kernel.tx_packets, 100);
+    assert_eq!(rows[0].kernel_at_start, KernelAtStart::default());
+}
+
 /// Devices the filter leaves out are skipped by the programs (so not registered), and
 /// forgotten once gone; one registered before the watcher knew is left out too.
 #[test]

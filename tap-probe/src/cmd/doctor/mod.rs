@@ -163,8 +163,16 @@ struct Trial {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 enum AutoBackend {
-    Sources(Sources),
-    Failed { error: String },
+    Sources {
+        #[serde(flatten)]
+        sources: Sources,
+        /// The kernel memory the probe's maps hold with no device tracked, by map.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        memory: Option<tap_probe_observer::bpf::probe::Memory>,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 #[derive(Debug, Serialize)]
@@ -350,7 +358,10 @@ fn collect() -> Diagnosis {
                 tap_probe_observer::bpf::backend::Backend::Auto,
                 tap_probe_observer::bpf::probe::Counting::WATCH,
             ) {
-                Ok(probe) => AutoBackend::Sources(probe.sources().clone()),
+                Ok(probe) => AutoBackend::Sources {
+                    sources: probe.sources().clone(),
+                    memory: probe.memory().ok(),
+                },
                 Err(err) => AutoBackend::Failed {
                     error: format!("{err:#}"),
                 },

@@ -116,7 +116,7 @@ pub(super) fn render_table(r: &Diagnosis) -> String {
     columns(&mut out, "  ", &rows);
     let _ = writeln!(out, "  fentry backend: {}", r.fentry_backend);
     match &r.backend {
-        AutoBackend::Sources(sources) => {
+        AutoBackend::Sources { sources, memory } => {
             let _ = writeln!(out, "\nwatch --backend auto attaches:");
             let rows: Vec<Vec<String>> = sources
                 .groups()
@@ -126,6 +126,16 @@ pub(super) fn render_table(r: &Diagnosis) -> String {
             columns(&mut out, "  ", &rows);
             for note in &sources.notes {
                 let _ = writeln!(out, "  not used: {note}");
+            }
+            if let Some(memory) = memory {
+                let _ = writeln!(
+                    out,
+                    "\nits maps, with no device tracked and one chunk of {} queues:",
+                    tap_probe_common::CHUNK_SLOTS
+                );
+                for line in crate::output::memory_lines(memory) {
+                    let _ = writeln!(out, "  {line}");
+                }
             }
         }
         AutoBackend::Failed { error } => {

@@ -208,6 +208,15 @@ fn families(report: &Report, devices: &[Device<'_>], series: Series) -> String {
          # TYPE tap_probe_elapsed_seconds gauge\ntap_probe_elapsed_seconds {}\n",
         report.elapsed_s
     );
+    if let Some(memory) = &report.memory {
+        let _ = write!(
+            out,
+            "# HELP tap_probe_kernel_memory_bytes Kernel memory the probe's eBPF maps hold, as \
+             the kernel charges it (memlock); it follows the queues tracked.\n\
+             # TYPE tap_probe_kernel_memory_bytes gauge\ntap_probe_kernel_memory_bytes {}\n",
+            memory.bytes()
+        );
+    }
     out
 }
 
