@@ -285,4 +285,22 @@ mod tests {
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
     }
+
+    /// `--qdisc` takes tc's names of the qdiscs as well as tap-probe's.
+    #[test]
+    fn qdiscs_are_named_as_tc_names_them_too() {
+        use tap_probe_lab::lab::load::Qdisc;
+        for (name, qdisc) in [
+            ("fq-codel", Qdisc::FqCodel),
+            ("fq_codel", Qdisc::FqCodel),
+            ("pfifo-fast", Qdisc::PfifoFast),
+            ("pfifo_fast", Qdisc::PfifoFast),
+        ] {
+            let cli = Cli::try_parse_from(["tap-probe", "load", "--qdisc", name]).unwrap();
+            let Command::Load(args) = cli.command else {
+                panic!("load parses as load");
+            };
+            assert_eq!(args.qdisc, Some(qdisc), "{name}");
+        }
+    }
 }
