@@ -23,7 +23,8 @@ mod maps;
 mod names;
 
 pub use counters::{
-    Hook, KernelStat, Kind, METRICS, Metric, MetricId, QueueCounters, Requires, Source, Unit,
+    DIRECTION, Hook, KernelStat, Kind, METRICS, Metric, MetricId, QueueCounters, Requires, Source,
+    Unit,
 };
 pub use events::{
     EVENTS_PER_WAKEUP, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES,
