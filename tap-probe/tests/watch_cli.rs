@@ -377,7 +377,11 @@ fn scrape(addr: &str, path: &str) -> (String, String) {
     stream
         .set_read_timeout(Some(Duration::from_secs(5) * common::slowdown()))
         .unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();

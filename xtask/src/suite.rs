@@ -59,8 +59,17 @@ const PRIVILEGED_FEATURE: &str = "privileged-tests";
 ///   system call filter, the alert rules and the dashboard against a Prometheus server)
 ///   with host tools a guest does not carry (`setpriv`, `strace`, `systemd-analyze`,
 ///   `prometheus`). What they see of the kernel, the other privileged targets check in every
-///   guest; the static binary's own run in a guest is stage `dist`.
-const HOST_ONLY: &[&str] = &["stop", "record_robustness", "watch_tty", "fleet", "service"];
+///   guest; the static binary's own run in a guest is stage `dist`;
+/// - `web` tests the metrics endpoint's TLS, basic auth and limits against a Prometheus
+///   server and a thousand clients: the HTTP side, tap-probe's own doing on every kernel.
+const HOST_ONLY: &[&str] = &[
+    "stop",
+    "record_robustness",
+    "watch_tty",
+    "fleet",
+    "service",
+    "web",
+];
 
 /// The libraries whose unit tests hold `privileged_tests` and `kernel_tests` modules, by
 /// target name: cargo names a lib target after its crate, with underscores (the label of

@@ -1,9 +1,9 @@
 //! `watch --prometheus ADDR` and `serve`: the latest refresh as a Prometheus scrape target.
 //!
 //! The text exposition format (version 0.0.4) is written by hand: the counters are a few
-//! families of labelled integers, and the HTTP side answers one `GET` per connection, so
-//! neither a metrics nor an HTTP crate would earn its weight. Each scrape gets the text of
-//! the last refresh, so scraping never touches the eBPF maps.
+//! families of labelled integers, so a metrics crate would not earn its weight. The HTTP
+//! side (`server`) is hyper and rustls. Each scrape gets the text of the last refresh, so
+//! scraping never touches the eBPF maps.
 //!
 //! Every per-queue series is labelled `netns`, `device`, `kind`, `queue`, and where a
 //! process holds the tap open, `owner_pid`, `owner_comm` and, where its command line names
@@ -18,7 +18,8 @@ mod queried;
 mod server;
 
 pub(crate) use about::About;
-pub(crate) use server::{Exporter, Settings};
+pub(crate) use server::web_config::BadWebConfig;
+pub(crate) use server::{Exporter, LiveConfig, Settings};
 use tap_probe_common::{DIRECTION, Kind, METRICS, Metric, Unit};
 
 use tap_probe_observer::bpf::probe::RingOccupancy;
