@@ -182,10 +182,21 @@ pub enum Store {
     Shared,
 }
 
+/// What every value's help begins with: which way its packets go. A tap's transmit is its
+/// guest's receive, which is easily read the wrong way round.
+macro_rules! direction {
+    () => {
+        "Host to guest (the host's transmit, the guest's receive): "
+    };
+}
+
+/// [`direction!`] for the outputs that write a help of their own (a family not in the table).
+pub const DIRECTION: &str = direction!();
+
 /// Declares [`QueueCounters`], [`PerCpuCounters`], [`SharedCounters`], their sums,
 /// [`MetricId`] and [`METRICS`] from one list of entries: `counter field as Id { hook, store,
 /// unit, .. }` for a field the programs count, `metric Id { name, help, .. }` for a value the
-/// loader computes.
+/// loader computes. Each help is prefixed with the [`direction!`].
 macro_rules! queue_metrics {
     (@munch [$($def:tt)*] [$($field:ident)*] [$($pc:ident)*] [$($sh:ident)*] [$($id:tt)*] [$($metric:tt)*]
         $(#[doc = $doc:literal])*
@@ -210,7 +221,7 @@ macro_rules! queue_metrics {
             [$($metric)* Metric {
                 id: MetricId::$variant,
                 name: stringify!($name),
-                help: $help,
+                help: concat!(direction!(), $help),
                 kind: Kind::Counter,
                 unit: Unit::$unit,
                 source: Source::Programs {
@@ -250,7 +261,12 @@ macro_rules! queue_metrics {
             [$($sh)*]
             // Its help is for Prometheus, plain text, so the id's documentation names it.
             [$($id)* #[doc = concat!("The value `", $name, "`.")] $variant,]
-            [$($metric)* Metric { id: MetricId::$variant, name: $name, help: $help, $($body)* },]
+            [$($metric)* Metric {
+                id: MetricId::$variant,
+                name: $name,
+                help: concat!(direction!(), $help),
+                $($body)*
+            },]
             $($rest)*
         );
     };
@@ -334,7 +350,7 @@ queue_metrics! {
         unit: Packets,
         column: "XMIT",
         prometheus: "xmit_calls_total",
-        help: "Calls into the driver's ndo_start_xmit.",
+        help: "calls into the driver's ndo_start_xmit.",
     }
     /// Packets the driver took (returned `NETDEV_TX_OK` without freeing them).
     counter enqueued as Enqueued {
@@ -344,7 +360,7 @@ queue_metrics! {
         event: Enqueued,
         column: "ENQUEUED",
         prometheus: "enqueued_total",
-        help: "Packets the driver took into its ring.",
+        help: "packets the driver took into its ring.",
     }
     /// `NETDEV_TX_BUSY` returns: the packet goes back to the qdisc.
     counter busy as Busy {
@@ -366,7 +382,7 @@ queue_metrics! {
         unit: Packets,
         column: "REQ_STOP",
         prometheus: "requeued_stopped_total",
-        help: "Packets the qdisc put back without a driver call because the queue was stopped.",
+        help: "packets the qdisc put back without a driver call because the queue was stopped.",
     }
     /// Freed inside the driver with `SKB_DROP_REASON_FULL_RING`.
     counter dropped_full_ring as DroppedFullRing {
@@ -376,7 +392,7 @@ queue_metrics! {
         event: DroppedFullRing,
         column: "FULL_RING",
         prometheus: "dropped_full_ring_total",
-        help: "Packets freed inside the driver because the ring was full (tail-drop).",
+        help: "packets freed inside the driver because the ring was full (tail-drop).",
     }
     /// Freed inside the driver for any other reason (broken down in `DROP_REASONS`), or a
     /// driver return code that is neither OK nor BUSY.
@@ -387,7 +403,7 @@ queue_metrics! {
         event: DroppedOther,
         column: "OTHER",
         prometheus: "dropped_other_total",
-        help: "Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
+        help: "packets freed inside the driver for another reason (see tap_probe_drop_reason_total).",
     }
     /// Packets the driver took out of their flow's order: a TCP segment carrying data (or
     /// SYN/FIN) whose IPv4 ID is below the next one its flow would hand over in order, or one
@@ -400,7 +416,7 @@ queue_metrics! {
         requires: Flows,
         column: "REORDERED",
         prometheus: "reordered_total",
-        help: "Packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).",
+        help: "packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).",
     }
     /// Flows `reordered` took up again mid-way (their first packet seen was not a SYN nor a
     /// frame numbered 0): forgotten to make room in its bounded flow table (an LRU of
@@ -413,7 +429,7 @@ queue_metrics! {
         requires: Flows,
         column: "FLOWS_JOINED",
         prometheus: "flows_joined_total",
-        help: "Flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.",
+        help: "flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.",
     }
     /// Packets the reader copied out of the ring and released (`consume_skb` from the
     /// tun/tap read path).
@@ -424,7 +440,7 @@ queue_metrics! {
         event: Consumed,
         column: "CONSUMED",
         prometheus: "consumed_total",
-        help: "Packets the reader took out of the ring.",
+        help: "packets the reader (a VM's QEMU or vhost-net, a veth's peer) took out of the ring.",
     }
     /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to set, as observed.
     counter queue_stops as QueueStops {
@@ -434,7 +450,7 @@ queue_metrics! {
         event: QueueStop,
         column: "STOPS",
         prometheus: "queue_stops_total",
-        help: "Transitions of the queue to stopped (DRV_XOFF set).",
+        help: "transitions of the transmit queue to stopped (DRV_XOFF set).",
     }
     /// Transitions of the queue's `__QUEUE_STATE_DRV_XOFF` bit to clear, as observed.
     counter queue_wakes as QueueWakes {
@@ -444,7 +460,7 @@ queue_metrics! {
         event: QueueWake,
         column: "WAKES",
         prometheus: "queue_wakes_total",
-        help: "Transitions of the queue to running (DRV_XOFF cleared).",
+        help: "transitions of the transmit queue to running (DRV_XOFF cleared).",
     }
     /// Wakes by the queue's reader as it took packets: tun's `__tun_wake_queue` from the
     /// read path, veth's NAPI poll of the peer.
@@ -456,7 +472,7 @@ queue_metrics! {
         column: "W_READER",
         prometheus: "wakes_reader_total",
         export: Detail,
-        help: "Queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).",
+        help: "queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).",
     }
     /// Wakes by vhost-net after a batched take from the ring (`tun_wake_queue`).
     counter wakes_vhost as WakesVhost {
@@ -467,7 +483,7 @@ queue_metrics! {
         column: "W_VHOST",
         prometheus: "wakes_vhost_total",
         export: Detail,
-        help: "Queue wakes by vhost-net after a batched take (tun_wake_queue).",
+        help: "queue wakes by vhost-net after a batched take (tun_wake_queue).",
     }
     /// Wakes that do not depend on the ring: a queue attached, the device reconfigured,
     /// the ring resized (`tun_force_wake_queue`).
@@ -479,7 +495,7 @@ queue_metrics! {
         column: "W_FORCED",
         prometheus: "wakes_forced_total",
         export: Detail,
-        help: "Queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).",
+        help: "queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).",
     }
     /// Wakes of a stopped queue from any other caller of `netif_tx_wake_queue`.
     counter wakes_other as WakesOther {
@@ -490,7 +506,7 @@ queue_metrics! {
         column: "W_OTHER",
         prometheus: "wakes_other_total",
         export: Detail,
-        help: "Queue wakes from any other caller of netif_tx_wake_queue.",
+        help: "queue wakes from any other caller of netif_tx_wake_queue.",
     }
     /// The lost-race re-check inside the driver call that stopped the queue: the reader
     /// made room between the stop and the re-check, so the driver woke the queue again
@@ -504,7 +520,7 @@ queue_metrics! {
         column: "W_RECHECK",
         prometheus: "wakes_recheck_total",
         export: Detail,
-        help: "Stops undone by the driver's own re-check within the driver call (a lost race).",
+        help: "stops undone by the driver's own re-check within the driver call (a lost race).",
     }
     /// Nanoseconds spent stopped, summed over completed stop..wake intervals (the loader
     /// adds a stop still running when it shows the value).
@@ -514,11 +530,11 @@ queue_metrics! {
         unit: Nanoseconds,
         column: "STOPPED",
         prometheus: "stopped_seconds_total",
-        help: "Time the queue spent stopped, including a stop still running.",
+        help: "time the transmit queue spent stopped, including a stop still running.",
     }
     metric Stopped {
         name: "stopped",
-        help: "1 while the queue is stopped, as last observed.",
+        help: "1 while the transmit queue is stopped, as last observed.",
         kind: Kind::Gauge,
         unit: Unit::Flag,
         source: Source::QueueState,
@@ -530,7 +546,7 @@ queue_metrics! {
     }
     metric Stuck {
         name: "stuck",
-        help: "1 while the queue is stopped and its reader took nothing for longer than --stuck-after.",
+        help: "1 while the transmit queue is stopped and its reader took nothing for longer than --stuck-after.",
         kind: Kind::Gauge,
         unit: Unit::Flag,
         source: Source::Stuck,
@@ -550,11 +566,11 @@ queue_metrics! {
         unit: Events,
         column: "SLEEPS",
         prometheus: "reader_sleeps_total",
-        help: "Times the queue's reader slept between two packets it took.",
+        help: "times the queue's reader slept between two packets it took.",
     }
     metric WakeupsPerPacket {
         name: "wakeups_per_packet",
-        help: "Wake-ups of the queue's reader per packet it took (reader_sleeps / consumed).",
+        help: "wake-ups of the queue's reader per packet it took (reader_sleeps / consumed).",
         kind: Kind::Derived,
         unit: Unit::PerPacket,
         source: Source::Counters(wakeups_per_packet),
@@ -566,7 +582,7 @@ queue_metrics! {
     }
     metric RingOccupancy {
         name: "ring_occupancy",
-        help: "Entries in the tap's ptr_ring, sampled at every driver call and reader take.",
+        help: "entries in the tap's ptr_ring, sampled at every driver call and reader take.",
         kind: Kind::Distribution,
         unit: Unit::Entries,
         source: Source::RingOccupancy,
@@ -578,7 +594,7 @@ queue_metrics! {
     }
     metric Backpressure {
         name: "backpressure",
-        help: "1 when the tap stops its queue instead of tail-dropping (IFF_BACKPRESSURE).",
+        help: "1 when the tap stops its transmit queue instead of tail-dropping (IFF_BACKPRESSURE).",
         kind: Kind::Gauge,
         unit: Unit::Flag,
         source: Source::Backpressure,
@@ -590,7 +606,7 @@ queue_metrics! {
     }
     metric KernelTxPackets {
         name: "kernel.tx_packets",
-        help: "The device's own tx_packets since tracking began (per device, on every queue).",
+        help: "the device's own tx_packets (on a tap: packets its guest received) since tracking began (per device, on every queue).",
         kind: Kind::Counter,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::TxPackets),
@@ -602,7 +618,7 @@ queue_metrics! {
     }
     metric KernelTxDropped {
         name: "kernel.tx_dropped",
-        help: "The device's own tx_dropped since tracking began (per device, on every queue).",
+        help: "the device's own tx_dropped (on a tap: packets lost before its guest received them) since tracking began (per device, on every queue).",
         kind: Kind::Counter,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::TxDropped),
@@ -626,7 +642,7 @@ queue_metrics! {
     }
     metric KernelTxPacketsAtStart {
         name: "kernel.tx_packets_at_start",
-        help: "The device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).",
+        help: "the device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).",
         kind: Kind::Gauge,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::TxPacketsAtStart),
@@ -638,7 +654,7 @@ queue_metrics! {
     }
     metric KernelTxDroppedAtStart {
         name: "kernel.tx_dropped_at_start",
-        help: "The device's own tx_dropped when tracking began (0 from birth).",
+        help: "the device's own tx_dropped when tracking began (0 from birth).",
         kind: Kind::Gauge,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::TxDroppedAtStart),
@@ -650,7 +666,7 @@ queue_metrics! {
     }
     metric KernelSkew {
         name: "kernel.skew",
-        help: "Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).",
+        help: "packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).",
         kind: Kind::Gauge,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::Skew),

@@ -23,8 +23,8 @@ mod maps;
 mod names;
 
 pub use counters::{
-    Export, Hook, KernelStat, Kind, METRICS, Metric, MetricId, PerCpuCounters, QueueCounters,
-    Requires, SharedCounters, Source, Store, Unit,
+    DIRECTION, Export, Hook, KernelStat, Kind, METRICS, Metric, MetricId, PerCpuCounters,
+    QueueCounters, Requires, SharedCounters, Source, Store, Unit,
 };
 pub use events::{
     EVENTS_PER_WAKEUP, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES,

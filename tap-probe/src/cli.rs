@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::output::prometheus::BadWebConfig;
+
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::probe::{Counting, Occupancy};
 use tap_probe_observer::host::discovery::Filter;
@@ -15,6 +17,15 @@ use tap_probe_observer::kernel::KernelInfo;
 
 /// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
 pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
+
+/// `--web.config.file`, of `serve` and `watch --prometheus`.
+pub(crate) const WEB_CONFIG_HELP: &str = "TLS and basic auth for the metrics endpoint: a web \
+    config file in the Prometheus exporter toolkit's format (tls_server_config, \
+    basic_auth_users with bcrypt hashes; see docs/service.md), read again when it or a file \
+    it names changes. A file that cannot be used stops the start (exit status 2)";
+
+/// The exit status of a command line, or a file it names, that cannot be used: clap's own.
+const USAGE: u8 = 2;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,7 +76,8 @@ enum Command {
 /// subcommand's exit code when it ran to its end, or, when a signal, a lost terminal or a
 /// lost reader of stdout stopped it early, that signal once everything is undone
 /// ([`tap_probe_observer::os::signals::exit`]), so the wait status says why; `serve` exits 0 when it
-/// stopped cleanly on a signal.
+/// stopped cleanly on a signal. A web config file that cannot be used exits 2, as a command
+/// line clap refuses does; any other error 1.
 #[must_use]
 pub(crate) fn main() -> std::process::ExitCode {
     use crate::output::logging::{self, Style};
@@ -94,15 +106,22 @@ pub(crate) fn main() -> std::process::ExitCode {
         }
         tap_probe_observer::os::signals::exit(why);
     }
+    let code = |err: &anyhow::Error| {
+        if err.chain().any(<dyn std::error::Error>::is::<BadWebConfig>) {
+            std::process::ExitCode::from(USAGE)
+        } else {
+            std::process::ExitCode::FAILURE
+        }
+    };
     match result {
         Ok(code) => code,
         Err(err) if service => {
             log::error!("error: {err:#}");
-            std::process::ExitCode::FAILURE
+            code(&err)
         }
         Err(err) => {
             eprintln!("tap-probe: error: {err:#}");
-            std::process::ExitCode::FAILURE
+            code(&err)
         }
     }
 }
@@ -316,5 +335,23 @@ mod tests {
     fn the_command_line_parses() {
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
+    }
+
+    /// `--qdisc` takes tc's names of the qdiscs as well as tap-probe's.
+    #[test]
+    fn qdiscs_are_named_as_tc_names_them_too() {
+        use tap_probe_lab::lab::load::Qdisc;
+        for (name, qdisc) in [
+            ("fq-codel", Qdisc::FqCodel),
+            ("fq_codel", Qdisc::FqCodel),
+            ("pfifo-fast", Qdisc::PfifoFast),
+            ("pfifo_fast", Qdisc::PfifoFast),
+        ] {
+            let cli = Cli::try_parse_from(["tap-probe", "load", "--qdisc", name]).unwrap();
+            let Command::Load(args) = cli.command else {
+                panic!("load parses as load");
+            };
+            assert_eq!(args.qdisc, Some(qdisc), "{name}");
+        }
     }
 }

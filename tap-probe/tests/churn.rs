@@ -46,7 +46,11 @@ fn scrape(addr: &str) -> (String, String) {
     stream
         .set_read_timeout(Some(Duration::from_secs(10) * common::slowdown()))
         .unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();

@@ -203,3 +203,68 @@ fn a_cut_trace_is_salvaged_on_request() {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("cut short"), "{stderr}");
 }
+
+/// A web config file `serve` and `watch --prometheus` cannot use is refused before anything
+/// is attached, without privileges: one line that names the key, and exit status 2, as a
+/// bad command line.
+#[test]
+fn an_unusable_web_config_is_refused_in_one_line_with_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        std::fs::write(dir.path().join(name), text).unwrap();
+        dir.path().join(name)
+    };
+    let server = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    write("tls.crt", &server.cert.pem());
+    write("tls.key", &server.signing_key.serialize_pem());
+    write(
+        "other.key",
+        &rcgen::KeyPair::generate().unwrap().serialize_pem(),
+    );
+    let tls = "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n";
+    for (text, key) in [
+        (
+            "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n  client_auth: x\n"
+                .to_owned(),
+            "unknown field `client_auth`",
+        ),
+        (
+            "tls_server_config:\n  cert_file: tls.crt\n  key_file: other.key\n".to_owned(),
+            "tls_server_config.key_file",
+        ),
+        (
+            format!("{tls}basic_auth_users:\n  prometheus: secret\n"),
+            "basic_auth_users.prometheus: not a bcrypt hash",
+        ),
+    ] {
+        let config = write("web.yml", &text);
+        for args in [
+            vec!["serve", "--listen", "127.0.0.1:0"],
+            vec!["watch", "--prometheus", "127.0.0.1:0"],
+        ] {
+            let out = Command::new(BIN)
+                .args(&args)
+                .arg("--web.config.file")
+                .arg(&config)
+                .env_remove("RUST_LOG")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?} {key}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+            assert!(
+                stderr.contains(&format!("--web.config.file {}: ", config.display()))
+                    && stderr.contains(key),
+                "{args:?}: {key} in {stderr}"
+            );
+        }
+    }
+    // Without --prometheus there is nothing for it to configure.
+    let out = Command::new(BIN)
+        .args(["watch", "--web.config.file", "web.yml"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--prometheus"), "{stderr}");
+}

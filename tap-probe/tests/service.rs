@@ -1,11 +1,13 @@
 //! The systemd unit's way of running tap-probe, without systemd: its `ExecStart` command
 //! line, as a user of its own (`DynamicUser`) with exactly its capabilities, ambient, in the
 //! bounding set and nothing else, and no new privileges (util-linux's `setpriv` does what
-//! systemd would). It must attach and count a tap, name the VM holding it, log only lines
-//! journald reads, answer `/healthz`, keep a departed tap's series for the grace and drop
-//! them after it, and leave nothing in the kernel on SIGTERM. Where strace and
-//! systemd-analyze exist, every system call it makes must pass the unit's
-//! `SystemCallFilter`.
+//! systemd would), its web config and the certificate and key it names handed over as
+//! systemd hands over `LoadCredential=` files: copied from a directory only root can read
+//! into one only the service's user can. It must serve over TLS with basic auth, attach and
+//! count a tap, name the VM holding it, log only lines journald reads, answer `/healthz`,
+//! keep a departed tap's series for the grace and drop them after it, and leave nothing in
+//! the kernel on SIGTERM. Where strace and systemd-analyze exist, every system call it
+//! makes must pass the unit's `SystemCallFilter`.
 #![expect(
     unused_crate_dependencies,
     reason = "a test binary uses a few of the package's dependencies"
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::service::{Service, left_behind, programs, sample};
+use common::web::{self, PASSWORD, Pki, USER};
 use tap_probe_lab::lab::{Backend, RootQdisc};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
@@ -81,15 +84,87 @@ fn capabilities_asked_for(binary: &Path) -> BTreeSet<String> {
         .collect()
 }
 
+/// `GET path` over TLS with the basic auth of the test's web config: the status code and the
+/// body.
+fn get(service: &Service, pki: &Pki, path: &str) -> (u16, String) {
+    let response = web::https(
+        &service.addr,
+        pki.client(None),
+        &web::get(path, Some((USER, PASSWORD)), true),
+    )
+    .unwrap_or_else(|err| panic!("GET {path}: {err}"));
+    (response.status, response.body)
+}
+
+fn service_user() -> nix::unistd::Uid {
+    nix::unistd::Uid::from_raw(NOBODY)
+}
+
+fn service_group() -> nix::unistd::Gid {
+    nix::unistd::Gid::from_raw(NOBODY)
+}
+
+/// Hands the unit's credentials (`LoadCredential=ID:PATH`) over as systemd does, from `pki`:
+/// the file named as PATH's file name, in a directory of the test's that only root may read
+/// (standing for `/etc/tap-probe`), copied to `ID` in `credentials`, a directory of the
+/// service's user, read-only and closed to others (systemd's `$CREDENTIALS_DIRECTORY`).
+/// Returns the credentials' IDs.
+fn hand_over_credentials(pki: &Pki, credentials: &Path) -> BTreeSet<String> {
+    let sources = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(sources.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(credentials).unwrap();
+    let mut ids = BTreeSet::new();
+    for entry in directive("LoadCredential") {
+        let (id, path) = entry.split_once(':').expect("LoadCredential=ID:PATH");
+        let path = Path::new(path);
+        assert!(
+            path.starts_with("/etc/tap-probe"),
+            "the unit's credentials come from /etc/tap-probe: {entry}"
+        );
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let source = sources.path().join(name);
+        std::fs::copy(pki.path(name), &source)
+            .unwrap_or_else(|err| panic!("the test has no {name} for {entry}: {err}"));
+        std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Only root reads the original: the service's user is refused it.
+        let read = Command::new("setpriv")
+            .args([
+                format!("--reuid={NOBODY}"),
+                format!("--regid={NOBODY}"),
+                "--clear-groups".to_owned(),
+                "cat".to_owned(),
+            ])
+            .arg(&source)
+            .output()
+            .expect("setpriv runs");
+        assert!(
+            !read.status.success(),
+            "the service's user reads {}",
+            source.display()
+        );
+        let copy = credentials.join(id);
+        std::fs::copy(&source, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o400)).unwrap();
+        nix::unistd::chown(&copy, Some(service_user()), Some(service_group())).unwrap();
+        ids.insert(id.to_owned());
+    }
+    std::fs::set_permissions(credentials, std::fs::Permissions::from_mode(0o500)).unwrap();
+    nix::unistd::chown(credentials, Some(service_user()), Some(service_group())).unwrap();
+    ids
+}
+
 /// The unit's `ExecStart` arguments with the test's values for `overrides` (appended where
-/// the unit does not give the flag).
-fn exec_start_args(overrides: &[(&str, &str)]) -> Vec<String> {
+/// the unit does not give the flag), and `%d` (the credentials directory) as `credentials`.
+fn exec_start_args(overrides: &[(&str, &str)], credentials: &Path) -> Vec<String> {
     let exec = directive("ExecStart");
     assert!(
         exec[0].ends_with("/tap-probe") && exec[1] == "serve",
         "{exec:?}"
     );
-    let mut args: Vec<String> = exec[1..].iter().map(|&a| a.to_owned()).collect();
+    let mut args: Vec<String> = exec[1..]
+        .iter()
+        .map(|&a| a.replace("%d", credentials.to_str().unwrap()))
+        .collect();
     for (flag, value) in overrides {
         match args.iter().position(|a| a == flag) {
             Some(i) => (*value).clone_into(&mut args[i + 1]),
@@ -214,16 +289,42 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
         "the unit grants what tap-probe asks for"
     );
 
+    // The web config the unit reads from its credentials (TLS and basic auth, the
+    // certificate and key by their credential IDs), and those credentials, handed over.
+    let pki = Pki::new();
+    pki.web_config("web-config.yml", false, true);
+    let credentials = dir.path().join("credentials");
+    let ids = hand_over_credentials(&pki, &credentials);
+    let exec = directive("ExecStart");
+    let config = exec
+        .iter()
+        .position(|&a| a == "--web.config.file")
+        .map(|i| exec[i + 1])
+        .expect("the unit serves with a web config");
+    let id = config
+        .strip_prefix("%d/")
+        .expect("the unit reads its web config from its credentials (%d)");
+    assert!(ids.contains(id), "{id} is a credential: {ids:?}");
+    for named in ["tls.crt", "tls.key"] {
+        assert!(
+            ids.contains(named),
+            "{named}, which the web config names, is a credential"
+        );
+    }
+
     let ns = common::quiet_netns("unit").unwrap();
     let tap = common::tap_in(&ns, "tpu0", RootQdisc::PfifoFast).unwrap();
     let mut vm = holder(&tap);
 
-    let args = exec_start_args(&[
-        ("--listen", "127.0.0.1:0"),
-        ("--interval", INTERVAL),
-        ("--forget-after", "2"),
-        ("--netns", ns.name()),
-    ]);
+    let args = exec_start_args(
+        &[
+            ("--listen", "127.0.0.1:0"),
+            ("--interval", INTERVAL),
+            ("--forget-after", "2"),
+            ("--netns", ns.name()),
+        ],
+        &credentials,
+    );
     let filter = directive("SystemCallFilter");
     let allowed = allowed_syscalls(&filter);
     let strace = Command::new("strace").arg("-V").output().is_ok();
@@ -245,6 +346,15 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     command.args(&wrapped[1..]);
     let before = programs();
     let service = Service::start(command, &binary);
+    assert!(
+        service
+            .stderr()
+            .iter()
+            .any(|line| line.contains("serving metrics on https://")
+                && line.contains("with TLS, basic auth for 1 user")),
+        "{:?}",
+        service.stderr()
+    );
 
     // Its programs, as the kernel lists them: what must be gone after SIGTERM.
     let loaded: BTreeSet<u32> = programs().difference(&before).copied().collect();
@@ -260,7 +370,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     ];
     let deadline = Instant::now() + Duration::from_secs(30);
     while sample(
-        &service.get("/metrics").1,
+        &get(&service, &pki, "/metrics").1,
         "tap_probe_consumed_total",
         &labels,
     )
@@ -269,7 +379,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
         assert!(
             Instant::now() < deadline,
             "the tap was never served with its VM's labels:\n{}",
-            service.get("/metrics").1
+            get(&service, &pki, "/metrics").1
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -279,12 +389,12 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     // probes' count of them all: the reader had taken the last frame before the drive ended.
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = loop {
-        let body = service.get("/metrics").1;
+        let body = get(&service, &pki, "/metrics").1;
         let kernel = sample(&body, "tap_probe_kernel_tx_packets_total", &labels);
         if kernel == Some(f64::from(FRAMES)) {
             // Two refreshes later: none begun before the drive ended is served any more.
             std::thread::sleep(Duration::from_millis(500));
-            break service.get("/metrics").1;
+            break get(&service, &pki, "/metrics").1;
         }
         assert!(
             Instant::now() < deadline,
@@ -314,8 +424,8 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
         sample(&body, "tap_probe_kernel_tx_packets_total", &labels),
         "the tap's tx_packets",
     );
-    let (status, body) = service.get("/healthz");
-    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    let (status, body) = get(&service, &pki, "/healthz");
+    assert_eq!(status, 200, "{body}");
     assert!(body.starts_with("ok: refreshed"), "{body}");
 
     // The VM goes: its series stay for the grace, with their last counts, then go.
@@ -325,7 +435,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     let gone_from = Instant::now();
     let served_for = loop {
         if sample(
-            &service.get("/metrics").1,
+            &get(&service, &pki, "/metrics").1,
             "tap_probe_consumed_total",
             &labels,
         )

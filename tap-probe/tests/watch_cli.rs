@@ -377,7 +377,11 @@ fn scrape(addr: &str, path: &str) -> (String, String) {
     stream
         .set_read_timeout(Some(Duration::from_secs(5) * common::slowdown()))
         .unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
@@ -512,6 +516,80 @@ fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     assert_eq!(row["dropped_full_ring"], 0, "{row}");
     assert_eq!(row["kernel"]["tx_packets"], FRAMES, "{row}");
     drop(tap);
+    drop(ns);
+}
+
+/// A device that goes away during a `--format json` run stays in the final object, with
+/// `"retired": true` and the counts it had when it went: every frame its reader took, as the
+/// kernel counted them (`tx_packets`), though the last refreshes found no device at all.
+#[test]
+fn the_final_json_object_keeps_a_device_that_went_away() {
+    const FRAMES: u64 = 300;
+    if !tap_probe_lab::lab::root() {
+        return;
+    }
+    let ns = common::quiet_netns("gonejson").unwrap();
+    let tap = common::tap_in(&ns, "tpg0", RootQdisc::Noqueue).unwrap();
+    let watch = Running::watch(
+        &["--dev", "tpg0", "--netns", ns.name()],
+        &["--format", "json", "--interval", "0.2"],
+        Lines::Stdout,
+    );
+    let next = || -> serde_json::Value {
+        let line = watch
+            .lines
+            .recv_timeout(Duration::from_secs(30) * common::slowdown())
+            .expect("watch reports every interval");
+        serde_json::from_str(&line).unwrap()
+    };
+    assert_eq!(
+        next()["rows"][0]["ifname"],
+        "tpg0",
+        "tracked before the frames"
+    );
+    send_and_read(&ns, &tap, FRAMES);
+    // A refresh that read the kernel's count of every frame while the tap was there: the
+    // kernel's statistics of a device that is gone cannot be read.
+    while next()["rows"][0]["kernel"]["tx_packets"] != FRAMES {}
+    drop(tap);
+    // The refresh that finds it gone reports it once more, retired; the next has no row.
+    while !next()["rows"][0]["retired"].as_bool().unwrap_or_default() {}
+    assert_eq!(next()["rows"], serde_json::json!([]), "then it is gone");
+
+    let (clean, rest) = watch.terminate();
+    assert!(clean, "watch stops in order on SIGTERM");
+    let last: serde_json::Value =
+        serde_json::from_str(rest.last().expect("a final summary")).unwrap();
+    assert_eq!(last["final"], true, "{last}");
+    let rows = last["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "the departed device, once: {last}");
+    let row = &rows[0];
+    assert_eq!(
+        (&row["ifname"], &row["retired"]),
+        (&serde_json::json!("tpg0"), &serde_json::json!(true)),
+        "{row}"
+    );
+    // The run's own report says whether the kernel skipped runs of its programs.
+    let gate = if last["counts_may_be_short"] == true {
+        Gate::short("the kernel skipped runs of watch's programs")
+    } else {
+        Gate::none()
+    };
+    let mut checks = common::Checks::new();
+    checks.eq(
+        &gate,
+        Oracle::DeviceStats,
+        row["consumed"].as_u64(),
+        row["kernel"]["tx_packets"].as_u64(),
+        format!("its totals, as the kernel counted them when it went: {row}"),
+    );
+    checks.eq(
+        &gate,
+        Oracle::Reader,
+        row["consumed"].as_u64(),
+        Some(FRAMES),
+        format!("every frame its reader took: {row}"),
+    );
     drop(ns);
 }
 

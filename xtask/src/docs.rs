@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 use tap_probe_common::{
-    Export, Hook, KernelStat, Kind, METRICS, Metric, Requires, Source, Store, Unit,
+    DIRECTION, Export, Hook, KernelStat, Kind, METRICS, Metric, Requires, Source, Store, Unit,
 };
 
 use crate::cmd;
@@ -132,7 +132,7 @@ fn counter_table() -> String {
             metric.name,
             kind(metric.kind),
             unit(metric.unit),
-            metric.help.replace('|', "\\|"),
+            meaning(metric.help),
             source(metric.source),
             requires(metric.requires),
             prometheus(metric),
@@ -142,6 +142,18 @@ fn counter_table() -> String {
         );
     }
     table
+}
+
+/// A value's help as the table's `meaning`: without the direction every help begins with
+/// (the page says it once, above the table), as a sentence.
+fn meaning(help: &str) -> String {
+    let text = help.strip_prefix(DIRECTION).unwrap_or(help);
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect::<String>())
+        .unwrap_or_default()
+        .replace('|', "\\|")
 }
 
 fn kind(kind: Kind) -> &'static str {

@@ -23,7 +23,8 @@ const BPF_LINKER_VERSION: &str = "0.10.3";
 /// call filter); for the guests: QEMU, a static busybox for their init,
 /// xz-utils for compressed kernel modules, binutils' `strip` to shrink their binaries; for
 /// `cargo xtask seed-tun`: gcc, make and patch to build a module against Debian's kernel
-/// headers, and dwarves' pahole for its BTF.
+/// headers, and dwarves' pahole for its BTF; for `cargo xtask dist`: musl-tools'
+/// `musl-gcc`, which compiles the C of the TLS library (aws-lc) for the static binary.
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
@@ -39,6 +40,7 @@ const APT_PACKAGES: &[&str] = &[
     "make",
     "patch",
     "dwarves",
+    "musl-tools",
 ];
 
 /// `cargo xtask dist` links tap-probe statically against musl.

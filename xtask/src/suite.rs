@@ -64,6 +64,8 @@ const PRIVILEGED_FEATURE: &str = "privileged-tests";
 ///   memory, which is the same on every kernel; under emulation creating them alone would
 ///   take minutes. Its exact counts are of a few taps, which the other targets count in every
 ///   guest.
+/// - `web` tests the metrics endpoint's TLS, basic auth and limits against a Prometheus
+///   server and a thousand clients: the HTTP side, tap-probe's own doing on every kernel.
 const HOST_ONLY: &[&str] = &[
     "stop",
     "record_robustness",
@@ -71,6 +73,7 @@ const HOST_ONLY: &[&str] = &[
     "fleet",
     "service",
     "dense",
+    "web",
 ];
 
 /// The libraries whose unit tests hold `privileged_tests` and `kernel_tests` modules, by

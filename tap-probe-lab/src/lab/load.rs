@@ -52,16 +52,21 @@ pub enum ReaderKind {
 }
 
 /// The root qdisc `load`, `demo` and `check` install on their tap (`--qdisc`, a spec's
-/// `qdisc`).
+/// `qdisc`). Each is named as tap-probe has always named it (`fq-codel`) or as `tc` does
+/// (`fq_codel`); reports use the first.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Qdisc {
     Noqueue,
+    #[value(alias = "pfifo_fast")]
+    #[serde(alias = "pfifo_fast")]
     PfifoFast,
     Pfifo,
     /// `fq_codel` (the default of most distributions; a module or absent on some kernels).
+    #[value(alias = "fq_codel")]
+    #[serde(alias = "fq_codel")]
     FqCodel,
 }
 

@@ -45,7 +45,8 @@ pub(crate) struct Args {
     /// TCP's GSO packets into segment lists (the requeue-reordering scenario).
     #[arg(long)]
     pub(crate) no_tso: bool,
-    /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`).
+    /// Root qdisc to install on the tap (default: the kernel's, `pfifo_fast`); `tc`'s names
+    /// (`pfifo_fast`, `fq_codel`) are taken too.
     #[arg(long, value_enum)]
     pub(crate) qdisc: Option<Qdisc>,
     /// Open the tap with `IFF_BACKPRESSURE`: it stops its queue when the ring fills, so the

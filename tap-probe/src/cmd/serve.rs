@@ -4,9 +4,10 @@
 //! stderr carry syslog priorities for journald.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::output::prometheus::{About, Exporter, Settings};
+use crate::output::prometheus::{About, Exporter, LiveConfig, Settings};
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::signals::Stop;
 
@@ -17,6 +18,8 @@ pub(crate) struct Args {
     /// Where to serve `/metrics` and `/healthz` (IP:PORT; port 0 picks a free one, logged).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     pub(crate) listen: SocketAddr,
+    #[arg(long = "web.config.file", value_name = "FILE", help = crate::cli::WEB_CONFIG_HELP)]
+    pub(crate) web_config: Option<PathBuf>,
     /// Time between refreshes (seconds, or with a unit: 500ms, 2m): each rescans processes and namespaces for devices and
     /// their owners, and reads the counters scrapes are then served.
     #[arg(long, value_name = "DURATION", default_value = "5", value_parser = crate::cli::interval)]
@@ -35,10 +38,16 @@ pub(crate) struct Args {
 /// Runs `tap-probe serve`.
 ///
 /// # Errors
-/// Missing privileges or kernel features, an address that cannot be bound, or a failure to
-/// attach; the probes are detached in every case. A refresh that fails later does not end
-/// it: the last good counters stay served and `/healthz` reports the failure.
+/// A web config file that cannot be used (before anything else), missing privileges or
+/// kernel features, an address that cannot be bound, or a failure to attach; the probes
+/// are detached in every case. A refresh that fails later does not end it: the last good
+/// counters stay served and `/healthz` reports the failure.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let web = args
+        .web_config
+        .as_deref()
+        .map(LiveConfig::load)
+        .transpose()?;
     tap_probe_observer::kernel::privileges::check()?;
     let filter = args.devices.filter();
     // Before anything is attached, so a SIGTERM during set-up still ends in a clean detach.
@@ -51,11 +60,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             departed_grace: args.forget_after,
             about: Some(About::of(&kernel)),
             series: args.series.series(),
+            web,
         },
     )?;
     log::info!(
-        "serving metrics on http://{0}/metrics and health on http://{0}/healthz",
-        exporter.addr()
+        "serving metrics on {} and health on {}{}",
+        exporter.url("/metrics"),
+        exporter.url("/healthz"),
+        exporter.web_description()
     );
     let mut watcher = args.counting.watcher(&kernel, &filter)?;
     log::info!(

@@ -42,6 +42,9 @@ pub(crate) struct Args {
     /// Which series `--prometheus` serves.
     #[command(flatten)]
     pub(crate) series: crate::cli::SeriesArgs,
+    #[arg(long = "web.config.file", value_name = "FILE", requires = "prometheus",
+          help = crate::cli::WEB_CONFIG_HELP)]
+    pub(crate) web_config: Option<std::path::PathBuf>,
 }
 
 /// How the counters are shown to people.
@@ -68,6 +71,12 @@ pub(crate) struct ViewArgs {
 /// Missing privileges or kernel features, a filter that matches nothing, or a failure to
 /// attach; the probes are detached in every case.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    use crate::output::prometheus::{About, Exporter, LiveConfig, Settings};
+    let web = args
+        .web_config
+        .as_deref()
+        .map(LiveConfig::load)
+        .transpose()?;
     tap_probe_observer::kernel::privileges::check()?;
     if args.view.tui {
         tui::check()?;
@@ -80,7 +89,6 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let exporter = args
         .prometheus
         .map(|addr| {
-            use crate::output::prometheus::{About, Exporter, Settings};
             Exporter::start(
                 addr,
                 Settings {
@@ -88,6 +96,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                     departed_grace: Duration::ZERO,
                     about: Some(About::of(&kernel)),
                     series: args.series.series(),
+                    web,
                 },
             )
         })
@@ -105,8 +114,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(exporter) = &exporter {
         exporter.publish(&first);
         eprintln!(
-            "tap-probe: serving metrics on http://{}/metrics",
-            exporter.addr()
+            "tap-probe: serving metrics on {}{}",
+            exporter.url("/metrics"),
+            exporter.web_description()
         );
     }
     let view = match (&args.view.columns, args.view.wide) {

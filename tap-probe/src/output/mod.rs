@@ -235,18 +235,19 @@ impl Output {
     }
 
     /// The final summary after detaching: totals, the devices that went away during the
-    /// run included (the JSON object has the last refresh's rows, as every refresh).
+    /// run included, in the table (marked gone) and in the JSON object (`"retired": true`),
+    /// with the counts each had when it went.
     ///
     /// # Errors
     /// When stdout is closed.
     pub(crate) fn summary(&self, report: &Report) -> anyhow::Result<()> {
-        if self.format == Format::Json {
-            return crate::output::stdout(&json::json_line(report, true)?);
-        }
         self.remember(report);
-        let (width, _) = self.size();
         let shown = self.shown.borrow();
         let all = shown.gone.added_to(report);
+        if self.format == Format::Json {
+            return crate::output::stdout(&json::json_line(&all, true)?);
+        }
+        let (width, _) = self.size();
         let gone = shown.gone.devices();
         let mut t = format!("\nFinal counters after {:.1} s", report.elapsed_s);
         if gone > 0 {

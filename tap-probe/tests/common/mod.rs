@@ -8,6 +8,7 @@
 pub(crate) mod prometheus;
 pub(crate) mod running;
 pub(crate) mod service;
+pub(crate) mod web;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -70,6 +70,16 @@ impl Misses {
     }
 }
 
+/// A scrape target as the server last saw it.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) job: String,
+    /// `up`, `down` or `unknown` (not scraped yet).
+    pub(crate) health: String,
+    /// Why its last scrape failed; empty when it did not.
+    pub(crate) error: String,
+}
+
 /// A Prometheus server on loopback (a free port of its own, its storage in `dir`), stopped
 /// on drop.
 pub(crate) struct Prometheus {
@@ -81,6 +91,14 @@ pub(crate) struct Prometheus {
 impl Prometheus {
     /// Starts one that scrapes `target` every second and evaluates `RULES`.
     pub(crate) fn start(target: &str) -> Self {
+        Self::with_jobs(&format!(
+            "  - job_name: tap-probe\n    static_configs: [{{targets: [\"{target}\"]}}]\n"
+        ))
+    }
+
+    /// Starts one with the scrape jobs `jobs` (the list under `scrape_configs:`, as YAML),
+    /// each scraped every second (timing out after as long), that evaluates `RULES`.
+    pub(crate) fn with_jobs(jobs: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let rules = dir.path().join("rules.yml");
         std::fs::write(&rules, RULES).unwrap();
@@ -90,8 +108,7 @@ impl Prometheus {
             format!(
                 "global: {{scrape_interval: {SCRAPE}s, evaluation_interval: {SCRAPE}s}}\n\
                  rule_files: [\"{}\"]\n\
-                 scrape_configs:\n  - job_name: tap-probe\n    \
-                 static_configs: [{{targets: [\"{target}\"]}}]\n",
+                 scrape_configs:\n{jobs}",
                 rules.display()
             ),
         )
@@ -137,6 +154,25 @@ impl Prometheus {
             server.addr
         );
         server
+    }
+
+    /// The pid of the server.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Each scrape target's job and its last scrape's health and error.
+    pub(crate) fn targets(&self) -> Vec<Target> {
+        self.api("/api/v1/targets?state=active")["activeTargets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| Target {
+                job: t["labels"]["job"].as_str().unwrap().to_owned(),
+                health: t["health"].as_str().unwrap().to_owned(),
+                error: t["lastError"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect()
     }
 
     pub(crate) fn api(&self, path: &str) -> Value {

@@ -80,7 +80,8 @@ impl Service {
         let deadline = Instant::now() + STARTUP * super::slowdown();
         service.addr = loop {
             if let Some(addr) = service.stderr().iter().find_map(|line| {
-                let rest = line.split("serving metrics on http://").nth(1)?;
+                let rest = line.split("serving metrics on http").nth(1)?;
+                let rest = rest.strip_prefix("s://").or(rest.strip_prefix("://"))?;
                 Some(rest.split('/').next()?.to_owned())
             }) {
                 break addr;
@@ -184,7 +185,8 @@ fn kill_group(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// One HTTP/1.0 `GET`: the status line and the body.
+/// One HTTP/1.0 `GET` (the server closes the connection after it, and sends its body as
+/// is, unchunked): the status line and the body.
 pub(crate) fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream

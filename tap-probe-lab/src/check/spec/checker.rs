@@ -93,7 +93,8 @@ impl Checker<'_> {
         if qdisc.is_none() {
             self.missing(
                 "qdisc",
-                "the tap's root qdisc, one of \"noqueue\", \"pfifo-fast\", \"pfifo\", \"fq-codel\"",
+                "the tap's root qdisc, one of \"noqueue\", \"pfifo-fast\", \"pfifo\", \"fq-codel\" (or \
+                 tc's \"pfifo_fast\", \"fq_codel\")",
             );
         }
         let tx_queue_len = self.int(

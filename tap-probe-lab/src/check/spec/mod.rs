@@ -4,7 +4,8 @@
 //! ```toml
 //! [[scenario]]
 //! name = "fq_codel with backpressure"   # required, unique
-//! qdisc = "fq-codel"          # required: noqueue | pfifo-fast | pfifo | fq-codel
+//! qdisc = "fq-codel"          # required: noqueue | pfifo-fast | pfifo | fq-codel (or tc's
+//!                             # pfifo_fast, fq_codel)
 //! backpressure = true         # open the tap with IFF_BACKPRESSURE (default false)
 //! tx_queue_len = 1000         # the tap's ring size, 1..=524288 (default 1000)
 //! packets = 50000             # and/or duration = "10s" (10, 10s, 500ms, 2m); at least one

@@ -105,6 +105,9 @@ fn every_qdisc_and_reader_spelling() {
         ("pfifo-fast", Qdisc::PfifoFast),
         ("pfifo", Qdisc::Pfifo),
         ("fq-codel", Qdisc::FqCodel),
+        // tc's own names.
+        ("pfifo_fast", Qdisc::PfifoFast),
+        ("fq_codel", Qdisc::FqCodel),
     ] {
         let spec = parse(&with("").replace("\"pfifo\"", &format!("{text:?}"))).unwrap();
         assert_eq!(spec.scenarios[0].traffic.qdisc, qdisc);
@@ -211,7 +214,8 @@ fn wrong_types_name_the_key() {
     assert_eq!(err.key.as_deref(), Some("qdisc"));
     assert!(
         err.message.contains(
-            "unknown variant `htb`, expected one of `noqueue`, `pfifo-fast`, `pfifo`, `fq-codel`"
+            "unknown variant `htb`, expected one of `noqueue`, `pfifo-fast`, `pfifo_fast`, \
+             `pfifo`, `fq-codel`, `fq_codel`"
         ),
         "{err}"
     );

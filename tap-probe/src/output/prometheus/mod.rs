@@ -1,8 +1,9 @@
 //! `watch --prometheus ADDR` and `serve`: the latest refresh as a Prometheus scrape target.
 //!
 //! The text exposition format (version 0.0.4) is written by hand: the counters are a few
-//! families of labelled integers, so a metrics crate would not earn its weight. Each scrape
-//! gets the text of the last refresh, so scraping never touches the eBPF maps.
+//! families of labelled integers, so a metrics crate would not earn its weight. The HTTP
+//! side (`server`) is hyper and rustls. Each scrape gets the text of the last refresh, so
+//! scraping never touches the eBPF maps.
 //!
 //! By default a device has one series per family, whatever its queues ([`Series`]): its
 //! queues' counts summed, the queues stopped or stuck counted, its fullest ring's samples.
@@ -21,8 +22,9 @@ mod queried;
 mod server;
 
 pub(crate) use about::About;
-pub(crate) use server::{Exporter, Settings};
-use tap_probe_common::{Export, Kind, METRICS, Metric, Source, Unit};
+pub(crate) use server::web_config::BadWebConfig;
+pub(crate) use server::{Exporter, LiveConfig, Settings};
+use tap_probe_common::{DIRECTION, Export, Kind, METRICS, Metric, Source, Unit};
 
 use tap_probe_observer::bpf::probe::RingOccupancy;
 use tap_probe_observer::host::report::{Report, Row, Value};
@@ -146,8 +148,11 @@ fn families(report: &Report, devices: &[Device<'_>], series: Series) -> String {
     }
     if series.per_queue {
         out.push_str(
-            "# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop \
-             reason (other than a full ring).\n# TYPE tap_probe_drop_reason_total counter\n",
+            &format!(
+                "# HELP tap_probe_drop_reason_total {DIRECTION}packets freed inside the driver, \
+                 by skb drop reason (other than a full ring).\n\
+                 # TYPE tap_probe_drop_reason_total counter\n"
+            ),
         );
         for row in devices.iter().flat_map(|d| &d.rows) {
             for (reason, n) in &row.drop_reasons {
@@ -572,71 +577,72 @@ mod tests {
 
     /// The per-queue exposition, byte for byte: scrapers and dashboards depend on the names,
     /// the order does not hurt to keep. New families come in between; none that was there
-    /// changed. (A device's own values, the same on each queue, carry no `queue` label.)
+    /// changed but for the wording of its help, which begins with the direction. (A
+    /// device's own values, the same on each queue, carry no `queue` label.)
     #[test]
     #[expect(clippy::too_many_lines, reason = "the golden exposition, whole")]
     fn exposition_is_unchanged() {
-        const GOLDEN: &str = r#"# HELP tap_probe_xmit_calls_total Calls into the driver's ndo_start_xmit.
+        const GOLDEN: &str = r#"# HELP tap_probe_xmit_calls_total Host to guest (the host's transmit, the guest's receive): calls into the driver's ndo_start_xmit.
 # TYPE tap_probe_xmit_calls_total counter
 tap_probe_xmit_calls_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 10
-# HELP tap_probe_enqueued_total Packets the driver took into its ring.
+# HELP tap_probe_enqueued_total Host to guest (the host's transmit, the guest's receive): packets the driver took into its ring.
 # TYPE tap_probe_enqueued_total counter
 tap_probe_enqueued_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 7
-# HELP tap_probe_busy_total NETDEV_TX_BUSY returns (the packet goes back to the qdisc).
+# HELP tap_probe_busy_total Host to guest (the host's transmit, the guest's receive): NETDEV_TX_BUSY returns (the packet goes back to the qdisc).
 # TYPE tap_probe_busy_total counter
 tap_probe_busy_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
-# HELP tap_probe_requeued_stopped_total Packets the qdisc put back without a driver call because the queue was stopped.
+# HELP tap_probe_requeued_stopped_total Host to guest (the host's transmit, the guest's receive): packets the qdisc put back without a driver call because the queue was stopped.
 # TYPE tap_probe_requeued_stopped_total counter
 tap_probe_requeued_stopped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
-# HELP tap_probe_dropped_full_ring_total Packets freed inside the driver because the ring was full (tail-drop).
+# HELP tap_probe_dropped_full_ring_total Host to guest (the host's transmit, the guest's receive): packets freed inside the driver because the ring was full (tail-drop).
 # TYPE tap_probe_dropped_full_ring_total counter
 tap_probe_dropped_full_ring_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 2
-# HELP tap_probe_dropped_other_total Packets freed inside the driver for another reason (see tap_probe_drop_reason_total).
+# HELP tap_probe_dropped_other_total Host to guest (the host's transmit, the guest's receive): packets freed inside the driver for another reason (see tap_probe_drop_reason_total).
 # TYPE tap_probe_dropped_other_total counter
 tap_probe_dropped_other_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
-# HELP tap_probe_reordered_total Packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).
+# HELP tap_probe_reordered_total Host to guest (the host's transmit, the guest's receive): packets the driver took out of their flow's order (TCP by IPv4 ID, tap-probe's UDP frames by sequence number).
 # TYPE tap_probe_reordered_total counter
 tap_probe_reordered_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 5
-# HELP tap_probe_flows_joined_total Flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.
+# HELP tap_probe_flows_joined_total Host to guest (the host's transmit, the guest's receive): flows whose order was taken up mid-way: evicted from the flow table, or begun before tracking.
 # TYPE tap_probe_flows_joined_total counter
 tap_probe_flows_joined_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
-# HELP tap_probe_consumed_total Packets the reader took out of the ring.
+# HELP tap_probe_consumed_total Host to guest (the host's transmit, the guest's receive): packets the reader (a VM's QEMU or vhost-net, a veth's peer) took out of the ring.
 # TYPE tap_probe_consumed_total counter
 tap_probe_consumed_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 6
-# HELP tap_probe_queue_stops_total Transitions of the queue to stopped (DRV_XOFF set).
+# HELP tap_probe_queue_stops_total Host to guest (the host's transmit, the guest's receive): transitions of the transmit queue to stopped (DRV_XOFF set).
 # TYPE tap_probe_queue_stops_total counter
 tap_probe_queue_stops_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
-# HELP tap_probe_queue_wakes_total Transitions of the queue to running (DRV_XOFF cleared).
+# HELP tap_probe_queue_wakes_total Host to guest (the host's transmit, the guest's receive): transitions of the transmit queue to running (DRV_XOFF cleared).
 # TYPE tap_probe_queue_wakes_total counter
 tap_probe_queue_wakes_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
-# HELP tap_probe_wakes_reader_total Queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).
+# HELP tap_probe_wakes_reader_total Host to guest (the host's transmit, the guest's receive): queue wakes by the reader as it took packets (__tun_wake_queue from a read, veth_poll).
 # TYPE tap_probe_wakes_reader_total counter
 tap_probe_wakes_reader_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
-# HELP tap_probe_wakes_vhost_total Queue wakes by vhost-net after a batched take (tun_wake_queue).
+# HELP tap_probe_wakes_vhost_total Host to guest (the host's transmit, the guest's receive): queue wakes by vhost-net after a batched take (tun_wake_queue).
 # TYPE tap_probe_wakes_vhost_total counter
 tap_probe_wakes_vhost_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
-# HELP tap_probe_wakes_forced_total Queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).
+# HELP tap_probe_wakes_forced_total Host to guest (the host's transmit, the guest's receive): queue wakes on attach, TUNSETIFF or resize (tun_force_wake_queue).
 # TYPE tap_probe_wakes_forced_total counter
 tap_probe_wakes_forced_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
-# HELP tap_probe_wakes_other_total Queue wakes from any other caller of netif_tx_wake_queue.
+# HELP tap_probe_wakes_other_total Host to guest (the host's transmit, the guest's receive): queue wakes from any other caller of netif_tx_wake_queue.
 # TYPE tap_probe_wakes_other_total counter
 tap_probe_wakes_other_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 0
-# HELP tap_probe_wakes_recheck_total Stops undone by the driver's own re-check within the driver call (a lost race).
+# HELP tap_probe_wakes_recheck_total Host to guest (the host's transmit, the guest's receive): stops undone by the driver's own re-check within the driver call (a lost race).
 # TYPE tap_probe_wakes_recheck_total counter
 tap_probe_wakes_recheck_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 3
-# HELP tap_probe_stopped_seconds_total Time the queue spent stopped, including a stop still running.
+# HELP tap_probe_stopped_seconds_total Host to guest (the host's transmit, the guest's receive): time the transmit queue spent stopped, including a stop still running.
 # TYPE tap_probe_stopped_seconds_total counter
 tap_probe_stopped_seconds_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1.5
-# HELP tap_probe_queue_stopped 1 while the queue is stopped, as last observed.
+# HELP tap_probe_queue_stopped Host to guest (the host's transmit, the guest's receive): 1 while the transmit queue is stopped, as last observed.
 # TYPE tap_probe_queue_stopped gauge
 tap_probe_queue_stopped{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
-# HELP tap_probe_queue_stuck 1 while the queue is stopped and its reader took nothing for longer than --stuck-after.
+# HELP tap_probe_queue_stuck Host to guest (the host's transmit, the guest's receive): 1 while the transmit queue is stopped and its reader took nothing for longer than --stuck-after.
 # TYPE tap_probe_queue_stuck gauge
 tap_probe_queue_stuck{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 1
-# HELP tap_probe_reader_sleeps_total Times the queue's reader slept between two packets it took.
+# HELP tap_probe_reader_sleeps_total Host to guest (the host's transmit, the guest's receive): times the queue's reader slept between two packets it took.
 # TYPE tap_probe_reader_sleeps_total counter
 tap_probe_reader_sleeps_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 4
-# HELP tap_probe_ring_occupancy Entries in the tap's ptr_ring, sampled at every driver call and reader take. The latest sample.
+# HELP tap_probe_ring_occupancy Host to guest (the host's transmit, the guest's receive): entries in the tap's ptr_ring, sampled at every driver call and reader take. The latest sample.
 # TYPE tap_probe_ring_occupancy gauge
 tap_probe_ring_occupancy{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 3
 # HELP tap_probe_ring_occupancy_max The highest sample since tracking began.
@@ -664,28 +670,28 @@ tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kin
 tap_probe_ring_occupancy_samples_bucket{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",le="+Inf"} 4
 tap_probe_ring_occupancy_samples_sum{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 14
 tap_probe_ring_occupancy_samples_count{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1"} 4
-# HELP tap_probe_backpressure 1 when the tap stops its queue instead of tail-dropping (IFF_BACKPRESSURE).
+# HELP tap_probe_backpressure Host to guest (the host's transmit, the guest's receive): 1 when the tap stops its transmit queue instead of tail-dropping (IFF_BACKPRESSURE).
 # TYPE tap_probe_backpressure gauge
 tap_probe_backpressure{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 1
-# HELP tap_probe_kernel_tx_packets_total The device's own tx_packets since tracking began (per device, on every queue).
+# HELP tap_probe_kernel_tx_packets_total Host to guest (the host's transmit, the guest's receive): the device's own tx_packets (on a tap: packets its guest received) since tracking began (per device, on every queue).
 # TYPE tap_probe_kernel_tx_packets_total counter
 tap_probe_kernel_tx_packets_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 6
-# HELP tap_probe_kernel_tx_dropped_total The device's own tx_dropped since tracking began (per device, on every queue).
+# HELP tap_probe_kernel_tx_dropped_total Host to guest (the host's transmit, the guest's receive): the device's own tx_dropped (on a tap: packets lost before its guest received them) since tracking began (per device, on every queue).
 # TYPE tap_probe_kernel_tx_dropped_total counter
 tap_probe_kernel_tx_dropped_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 2
-# HELP tap_probe_tracked_from_birth 1 when the device is counted since its first packet (created after tap-probe attached); 0 when tracking began mid-life.
+# HELP tap_probe_tracked_from_birth Host to guest (the host's transmit, the guest's receive): 1 when the device is counted since its first packet (created after tap-probe attached); 0 when tracking began mid-life.
 # TYPE tap_probe_tracked_from_birth gauge
 tap_probe_tracked_from_birth{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 0
-# HELP tap_probe_kernel_tx_packets_at_start The device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).
+# HELP tap_probe_kernel_tx_packets_at_start Host to guest (the host's transmit, the guest's receive): the device's own tx_packets when tracking began: what tap-probe did not see (0 from birth).
 # TYPE tap_probe_kernel_tx_packets_at_start gauge
 tap_probe_kernel_tx_packets_at_start{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 0
-# HELP tap_probe_kernel_tx_dropped_at_start The device's own tx_dropped when tracking began (0 from birth).
+# HELP tap_probe_kernel_tx_dropped_at_start Host to guest (the host's transmit, the guest's receive): the device's own tx_dropped when tracking began (0 from birth).
 # TYPE tap_probe_kernel_tx_dropped_at_start gauge
 tap_probe_kernel_tx_dropped_at_start{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 0
-# HELP tap_probe_kernel_skew_packets Packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).
+# HELP tap_probe_kernel_skew_packets Host to guest (the host's transmit, the guest's receive): packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).
 # TYPE tap_probe_kernel_skew_packets gauge
 tap_probe_kernel_skew_packets{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 0
-# HELP tap_probe_drop_reason_total Packets freed inside the driver, by skb drop reason (other than a full ring).
+# HELP tap_probe_drop_reason_total Host to guest (the host's transmit, the guest's receive): packets freed inside the driver, by skb drop reason (other than a full ring).
 # TYPE tap_probe_drop_reason_total counter
 tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queue="1",reason="xmit_error"} 3
 # HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's tables are full).
