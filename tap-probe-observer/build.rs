@@ -16,7 +16,7 @@ fn main() -> anyhow::Result<()> {
     if std::env::var_os("AYA_BUILD_SKIP").is_some() {
         // Stub objects so `include_bytes_aligned!` still finds a file for each binary of the
         // eBPF package (aya-build names each object after its binary).
-        for object in ["tap-probe", "doctor", "lab"] {
+        for object in ["tap-probe", "doctor", "lab", "floor"] {
             let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join(object);
             if !out.exists() {
                 std::fs::write(out, [])?;

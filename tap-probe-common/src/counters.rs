@@ -744,6 +744,49 @@ mod tests {
         );
     }
 
+    /// Each counter is kept in one place, per CPU or shared, and a queue's counters are
+    /// those two put together, field by field.
+    #[test]
+    fn every_counter_is_kept_per_cpu_or_shared_and_put_back_together() {
+        let stores: Vec<Store> = METRICS
+            .iter()
+            .filter_map(|m| match m.source {
+                Source::Programs { store, .. } => Some(store),
+                _ => None,
+            })
+            .collect();
+        let per_cpu = stores.iter().filter(|&&s| s == Store::PerCpu).count();
+        assert_eq!(per_cpu * 8, size_of::<PerCpuCounters>());
+        assert_eq!((stores.len() - per_cpu) * 8, size_of::<SharedCounters>());
+        let mut words = (1..).map(|i: u64| i * 1000 + 7);
+        let mut per_cpu = PerCpuCounters::default();
+        let mut shared = SharedCounters::default();
+        for (store, bytes) in [
+            (&raw mut per_cpu).cast::<u64>().cast::<()>(),
+            (&raw mut shared).cast::<u64>().cast::<()>(),
+        ]
+        .into_iter()
+        .zip([size_of::<PerCpuCounters>(), size_of::<SharedCounters>()])
+        {
+            for i in 0..bytes / 8 {
+                // SAFETY: both are repr(C) of u64 fields only; `i` stays within.
+                unsafe { *store.cast::<u64>().add(i) = words.next().unwrap() };
+            }
+        }
+        let whole = QueueCounters::of(&per_cpu, &shared);
+        let mut values: Vec<u64> = METRICS
+            .iter()
+            .filter_map(|m| match m.source {
+                Source::Programs { get, .. } => Some(get(&whole)),
+                _ => None,
+            })
+            .collect();
+        values.sort_unstable();
+        values.dedup();
+        assert_eq!(values.len(), stores.len(), "each field comes from its own word");
+        assert!(values.iter().all(|v| v % 1000 == 7), "none is left zero: {values:?}");
+    }
+
     /// `MetricId::metric` indexes the table by the id's discriminant, which holds as long
     /// as the macro declares both in the same order.
     #[test]

@@ -12,8 +12,10 @@ mod overhead;
 mod probed;
 mod record;
 mod replay;
+mod serve;
 pub(crate) mod stream;
 
+use std::fmt::Write as _;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -39,6 +41,9 @@ enum BenchKind {
     Record(record::Args),
     /// Replay harness speed: in-memory replay events/s on one core, `--live` items/s.
     Replay(replay::Args),
+    /// What `tap-probe serve` costs on a dense host: CPU, memory, time to its first good
+    /// refresh and scrapes, with a thousand multi-queue taps held open.
+    Serve(serve::Args),
     /// Per-packet cost of each probe backend (kprobe, auto, tracepoint) as
     /// throughput of `tap-probe load` relative to no probe, measured in a QEMU guest (whose
     /// kernel has kprobes) in one boot.
@@ -89,10 +94,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     setup::run(&setup::Args {})?;
     // The guest benchmark builds its own tap-probe.
     let tap_probe = || cmd::build_release_bin("tap-probe", "tap-probe");
+    // The floor is built by the benchmark alone: it is not part of tap-probe.
+    let floor = || cmd::build_release_example("tap-probe-observer", "floor");
     match &args.kind {
-        BenchKind::Overhead(args) => overhead::run(args, &tap_probe()?),
-        BenchKind::Record(args) => record::run(args, &tap_probe()?),
+        BenchKind::Overhead(args) => overhead::run(args, &tap_probe()?, &floor()?),
+        BenchKind::Record(args) => record::run(args, &tap_probe()?, &floor()?),
         BenchKind::Replay(args) => replay::run(args, &tap_probe()?),
+        BenchKind::Serve(args) => serve::run(args, &tap_probe()?),
         BenchKind::Backends(args) => backends::run(args),
     }
 }
@@ -119,18 +127,68 @@ fn load_args(duration: u32, start_delay: u32) -> [String; 7] {
 }
 
 /// `tap-probe` arguments for watching the load's tap: `--wait` because its namespace does
-/// not exist yet when the watch starts; JSON lines; a refresh (which is also when new
-/// devices are found) every half second, well inside the load's start delay.
-const WATCH_LOAD_ARGS: [&str; 8] = [
+/// not exist yet when the watch starts; JSON lines.
+const WATCH_LOAD_ARGS: [&str; 6] = [
     "watch",
     "--netns",
     LOAD_NETNS_GLOB,
     "--wait",
     "--format",
     "json",
-    "--interval",
-    "0.5",
 ];
+
+/// The watch's refresh (which is also when new devices are found), unless a run says
+/// otherwise: every half second, well inside the load's start delay.
+const WATCH_INTERVAL: [&str; 2] = ["--interval", "0.5"];
+
+/// Taps the benchmark holds beside the load, in a namespace the load's watch matches, so
+/// that the watch tracks them all: persistent taps with one queue each, no traffic.
+struct OtherTaps {
+    netns: String,
+}
+
+impl OtherTaps {
+    /// Creates `n` of them.
+    ///
+    /// # Errors
+    /// When iproute2 cannot create them.
+    fn create(n: usize) -> anyhow::Result<Self> {
+        let netns = LOAD_NETNS_GLOB.replace('*', &format!("others-{}", std::process::id()));
+        cmd::run(cmd::new("ip").args(["netns", "add", &netns]))?;
+        let taps = Self { netns };
+        let mut batch = String::new();
+        for i in 0..n {
+            let _ = writeln!(batch, "tuntap add dev tpo{i} mode tap");
+        }
+        ip_batch(&taps.netns, &batch)?;
+        Ok(taps)
+    }
+}
+
+/// Runs `commands` through `ip -n NETNS -force -batch -`.
+///
+/// # Errors
+/// When iproute2 cannot run or a command fails.
+fn ip_batch(netns: &str, commands: &str) -> anyhow::Result<()> {
+    let mut ip = cmd::new("ip")
+        .args(["-n", netns, "-force", "-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .context("running ip")?;
+    std::io::Write::write_all(&mut ip.stdin.take().context("ip's stdin")?, commands.as_bytes())?;
+    let status = ip.wait()?;
+    if !status.success() {
+        bail!("ip -batch failed ({status})");
+    }
+    Ok(())
+}
+
+impl Drop for OtherTaps {
+    /// The namespace goes, and its taps with it (none is held open).
+    fn drop(&mut self) {
+        let _ = cmd::new("ip").args(["netns", "del", &self.netns]).status();
+    }
+}
 
 /// The driver calls `tap-probe watch --format json` counted on the load's tap, from its
 /// output lines: the largest count, since counters only grow and the row of a device that

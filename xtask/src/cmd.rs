@@ -58,6 +58,22 @@ pub(crate) fn build_release_bin(package: &str, bin: &str) -> anyhow::Result<Path
         .with_context(|| format!("cargo build -p {package} built no binary {bin}"))
 }
 
+/// Builds example `example` of `package` in release mode; its path.
+///
+/// # Errors
+/// When the build fails or produces no such example.
+pub(crate) fn build_release_example(package: &str, example: &str) -> anyhow::Result<PathBuf> {
+    cargo_artifacts(cargo().args(["build", "--release", "-p", package, "--example", example]))?
+        .into_iter()
+        .filter(|artifact| {
+            artifact.target.name == example
+                && artifact.target.is_kind(cargo_metadata::TargetKind::Example)
+        })
+        .find_map(|artifact| artifact.executable)
+        .map(cargo_metadata::camino::Utf8PathBuf::into_std_path_buf)
+        .with_context(|| format!("cargo build -p {package} built no example {example}"))
+}
+
 /// A command that runs from the workspace root with cargo's bin directory on `PATH`:
 /// `cargo install` puts bpf-linker there, aya-build looks it up on `PATH`, and CI's `PATH`
 /// may lack it.

@@ -125,7 +125,7 @@ mod tests {
     fn chunks_grow_to_their_limit_and_the_top_one_goes_once_empty() {
         let mut slots = with_chunks(4);
         assert_eq!(slots.next_chunk(), None, "at the limit");
-        let held: Vec<u32> = (0..CHUNK_SLOTS + 1).map(|_| slots.allocate().unwrap()).collect();
+        let held: Vec<u32> = (0..=CHUNK_SLOTS).map(|_| slots.allocate().unwrap()).collect();
         assert_eq!(slots.shrink(), Some(3), "chunks 2 and 3 are empty");
         assert_eq!(slots.shrink(), Some(2));
         assert_eq!(slots.shrink(), None, "chunk 1 holds a slot");

@@ -4,7 +4,8 @@
 //! A device is identified by (namespace inode, ifindex), the same key the eBPF side
 //! builds from `dev_net(dev)->ns.inum` and `dev->ifindex`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow};
 use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
@@ -146,6 +147,24 @@ struct Survey {
     namespaces: HashMap<u32, bool>,
 }
 
+/// How long what a scan found in `/proc` (the processes that hold tun/tap files) and in
+/// sysfs (each tap's `tun_flags`) is trusted while the tun/tap devices stay as they were:
+/// both change only when a device comes, goes or gains or loses a queue (a holder attaching
+/// or detaching a file, which may set other flags), which a scan sees in the links it lists
+/// and answers at once; the rest (a file handed from one process to another, a holder gone
+/// with its device still there) is caught within this. Walking every process's files at
+/// every refresh would cost a dense host's exporter more than all else it does.
+const PROC_SCAN_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// What the last walk of `/proc` found, and for which tun/taps.
+#[derive(Debug)]
+struct Holders {
+    found: Vec<Holder>,
+    at: Instant,
+    /// The tun/taps there were (namespace, name, queues in use): another set means a walk.
+    devices: BTreeSet<(u32, String, u32)>,
+}
+
 /// Scans the host for devices, keeping one rtnetlink socket per namespace between scans.
 ///
 /// A cached socket keeps its namespace alive; sockets of namespaces that no longer show
@@ -161,6 +180,11 @@ pub struct Discovery {
     /// Namespaces the kernel did not let this process enter, and why, by inode: their
     /// devices are not seen.
     refused: HashMap<u32, String>,
+    /// The holders of tun/tap files, as the last walk of `/proc` found them.
+    holders: Option<Holders>,
+    /// Each tun/tap's `tun_flags`, with its queues in use when they were read, since the
+    /// last walk of `/proc` (both are read again together).
+    flags: HashMap<DeviceKey, (u32, Option<u32>)>,
 }
 
 impl Discovery {
@@ -196,6 +220,8 @@ impl Discovery {
             sockets: HashMap::new(),
             sysfs: HashMap::new(),
             refused: HashMap::new(),
+            holders: None,
+            flags: HashMap::new(),
         })
     }
 
@@ -251,6 +277,15 @@ impl Discovery {
         self.sysfs.retain(|inode, _| live.contains(inode));
         self.refused.retain(|inode, _| live.contains(inode));
 
+        // Stale after a while: the holders and the flags are read afresh together.
+        if self
+            .holders
+            .as_ref()
+            .is_some_and(|h| h.at.elapsed() >= PROC_SCAN_MAX_AGE)
+        {
+            self.holders = None;
+            self.flags.clear();
+        }
         let mut devices = Vec::new();
         for ns in &namespaces {
             read.insert(ns.inode, false);
@@ -293,16 +328,24 @@ impl Discovery {
                     }
                     continue;
                 }
+                let key = DeviceKey {
+                    netns_inode: ns.inode,
+                    ifindex: link.ifindex,
+                };
                 let tun_flags = if kind.is_tun() {
-                    self.tun_flags(ns, &link.name)
+                    match self.flags.get(&key) {
+                        Some(&(queues, flags)) if queues == link.real_num_tx_queues => flags,
+                        _ => {
+                            let flags = self.tun_flags(ns, &link.name);
+                            self.flags.insert(key, (link.real_num_tx_queues, flags));
+                            flags
+                        }
+                    }
                 } else {
                     None
                 };
                 devices.push(Device {
-                    key: DeviceKey {
-                        netns_inode: ns.inode,
-                        ifindex: link.ifindex,
-                    },
+                    key,
                     name: link.name,
                     netns: ns.name.clone(),
                     kind,
@@ -315,7 +358,23 @@ impl Discovery {
                 });
             }
         }
-        attach_owners(&mut devices, &tun_holders());
+        let tuns: BTreeSet<(u32, String, u32)> = devices
+            .iter()
+            .filter(|d| d.kind.is_tun())
+            .map(|d| (d.key.netns_inode, d.name.clone(), d.active_queues))
+            .collect();
+        let present: HashSet<DeviceKey> = devices.iter().map(|d| d.key).collect();
+        self.flags.retain(|key, _| present.contains(key));
+        let holders = match self.holders.take() {
+            Some(holders) if holders.devices == tuns => holders,
+            _ => Holders {
+                found: tun_holders(),
+                at: Instant::now(),
+                devices: tuns,
+            },
+        };
+        attach_owners(&mut devices, &holders.found);
+        self.holders = Some(holders);
         Ok(Survey {
             devices,
             macvlans,
@@ -419,22 +478,24 @@ fn denied(err: &anyhow::Error) -> bool {
 /// that runs a named VM comes first: the process that made the tap (libvirtd, a network
 /// script) may still hold it beside the QEMU it handed it to, and the rows name one owner.
 fn attach_owners(devices: &mut [Device], holders: &[Holder]) {
+    // By name, for a dense host's thousands of holders and devices.
+    let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, d) in devices.iter().enumerate() {
+        if matches!(d.kind, DeviceKind::Tun | DeviceKind::Tap) {
+            by_name.entry(d.name.clone()).or_default().push(i);
+        }
+    }
     for holder in holders {
-        let candidates: Vec<usize> = devices
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| {
-                matches!(d.kind, DeviceKind::Tun | DeviceKind::Tap) && d.name == holder.iff
-            })
-            .map(|(i, _)| i)
-            .collect();
+        let Some(candidates) = by_name.get(&holder.iff) else {
+            continue;
+        };
         let own: Vec<usize> = candidates
             .iter()
             .copied()
             .filter(|&i| Some(devices[i].key.netns_inode) == holder.netns_inode)
             .collect();
-        let chosen = if own.is_empty() { candidates } else { own };
-        for i in chosen {
+        let chosen = if own.is_empty() { candidates } else { &own };
+        for &i in chosen {
             devices[i].owners.push(Owner {
                 pid: holder.pid,
                 comm: holder.comm.clone(),

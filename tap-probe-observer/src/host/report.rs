@@ -242,6 +242,10 @@ pub struct Report {
 /// The kernel memory as each report line carries it: the total here, the possible CPUs,
 /// and the total the same maps would take with 256 of them (the per-map breakdown is
 /// `doctor`'s and the final summary's).
+#[expect(
+    clippy::ref_option,
+    reason = "serde's serialize_with passes the field by reference"
+)]
 fn memory_summary<S: serde::Serializer>(
     memory: &Option<crate::bpf::probe::Memory>,
     s: S,

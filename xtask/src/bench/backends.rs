@@ -96,7 +96,7 @@ impl Variant {
     const ALL: [Self; 4] = [Self::ProbeOff, Self::Kprobe, Self::Auto, Self::Tracepoint];
 
     /// The probe of its runs: none for probe-off, else a watch with its `--backend`.
-    fn probe(self) -> Probe {
+    fn probe(self) -> Probe<'static> {
         match self {
             Self::ProbeOff => Probe::None,
             Self::Kprobe => Probe::Watch(&["--backend", "kprobe"]),

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::ab::{Measure, Status};
-use super::{Proc, WATCH_LOAD_ARGS, create, load, number, watched_xmit_calls};
+use super::{Proc, WATCH_INTERVAL, WATCH_LOAD_ARGS, create, load, number, watched_xmit_calls};
 use crate::cmd;
 
 /// The events tap-probe's host backend counts, counted the simplest way bpftrace can.
@@ -32,12 +32,15 @@ pub(crate) const THROUGHPUT: &str = "delivered_pps";
 
 /// What runs beside the load.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Probe {
+pub(crate) enum Probe<'a> {
     None,
     /// `tap-probe watch` with these arguments besides the load's filter: `--backend`,
     /// `--no-occupancy`, or `--program-stats` (what each program costs, as the kernel
     /// measures it; the measuring itself costs, so such runs are not compared with others).
     Watch(&'static [&'static str]),
+    /// The floor (`tap-probe-observer`'s example `floor`, at this path): a program of each
+    /// name the probe has on each hook it attaches, returning at its first instruction.
+    Floor(&'a Path),
     /// The bpftrace one-liner.
     Bpftrace,
 }
@@ -122,7 +125,7 @@ pub(crate) fn measures() -> [Measure<Measured>; 5] {
 pub(crate) fn run(
     tap_probe: &Path,
     tag: &str,
-    probe: Probe,
+    probe: Probe<'_>,
     traffic: Traffic,
     timing: Timing,
     dir: &Path,
@@ -136,6 +139,11 @@ pub(crate) fn run(
                 Err(why) => return Ok((Status::Unavailable(why), Measured::default())),
             }
         }
+        Probe::Floor(floor) => Some(Observer::floor(
+            floor,
+            &dir.join(format!("{tag}-floor.txt")),
+            timing.attach_wait,
+        )?),
         Probe::Bpftrace => Some(Observer::bpftrace(
             &dir.join(format!("{tag}-bpftrace.txt")),
         )?),
@@ -200,7 +208,7 @@ fn watch_lines(watch_out: &Path) -> anyhow::Result<Vec<Value>> {
 }
 
 /// A probe running beside the load.
-struct Observer {
+pub(crate) struct Observer {
     proc: Proc,
     /// Copies bpftrace's piped stdout to its file.
     reader: Option<JoinHandle<std::io::Result<()>>>,
@@ -219,6 +227,11 @@ impl Observer {
         let mut watch = cmd::new(tap_probe);
         watch
             .args(WATCH_LOAD_ARGS)
+            .args(if args.contains(&WATCH_INTERVAL[0]) {
+                &[][..]
+            } else {
+                &WATCH_INTERVAL[..]
+            })
             .args(args)
             .stdout(create(out)?)
             .stderr(create(&err_out)?);
@@ -247,6 +260,25 @@ impl Observer {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(Ok(Self { proc, reader: None }))
+    }
+
+    /// Starts the floor and waits until it says it attached.
+    pub(crate) fn floor(floor: &Path, out: &Path, attach_wait: Duration) -> anyhow::Result<Self> {
+        let mut command = cmd::new(floor);
+        command.stdout(create(out)?);
+        let mut proc = Proc::spawn(&mut command)?;
+        let deadline = std::time::Instant::now() + attach_wait;
+        while !std::fs::read_to_string(out).is_ok_and(|text| text.contains("attached")) {
+            if let Some(status) = proc.exited()? {
+                bail!("the floor exited before attaching ({status})");
+            }
+            if std::time::Instant::now() > deadline {
+                proc.stop()?;
+                bail!("the floor did not attach within {} s", attach_wait.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self { proc, reader: None })
     }
 
     fn bpftrace(out: &Path) -> anyhow::Result<Self> {
@@ -287,7 +319,7 @@ impl Observer {
     }
 
     /// SIGINT, then check it stopped in order.
-    fn stop(self) -> anyhow::Result<()> {
+    pub(crate) fn stop(self) -> anyhow::Result<()> {
         self.proc.interrupt()?;
         if let Some(reader) = self.reader {
             reader

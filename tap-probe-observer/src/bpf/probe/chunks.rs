@@ -32,7 +32,7 @@ pub(crate) struct Chunks {
     /// The two arrays' descriptors, in that order (the typed maps do not show them).
     outer_fds: [RawFd; 2],
     /// Indexed by chunk number; `None` for a chunk given back.
-    chunks: Vec<Option<Chunk>>,
+    present: Vec<Option<Chunk>>,
     /// CPUs the kernel keeps per-CPU values for (the possible CPUs).
     cpus: usize,
 }
@@ -59,7 +59,7 @@ impl Chunks {
             per_cpu_outer: ArrayOfMaps::try_from(per_cpu)?,
             shared_outer: ArrayOfMaps::try_from(shared)?,
             outer_fds: [per_cpu_fd, shared_fd],
-            chunks: Vec::new(),
+            present: Vec::new(),
             cpus,
         })
     }
@@ -99,10 +99,10 @@ impl Chunks {
             .set(index, &per_cpu, 0)
             .with_context(|| format!("installing chunk {index}"))?;
         let at = index as usize;
-        if self.chunks.len() <= at {
-            self.chunks.resize_with(at + 1, || None);
+        if self.present.len() <= at {
+            self.present.resize_with(at + 1, || None);
         }
-        self.chunks[at] = Some(Chunk { per_cpu, shared });
+        self.present[at] = Some(Chunk { per_cpu, shared });
         Ok(())
     }
 
@@ -116,21 +116,21 @@ impl Chunks {
             sys::map_delete(outer, &index)
                 .with_context(|| format!("removing chunk {index} of the per-queue storage"))?;
         }
-        if let Some(chunk) = self.chunks.get_mut(index as usize) {
+        if let Some(chunk) = self.present.get_mut(index as usize) {
             *chunk = None;
         }
         Ok(())
     }
 
     fn chunk(&self, slot: u32) -> anyhow::Result<&Chunk> {
-        self.chunks
+        self.present
             .get((slot / CHUNK_SLOTS) as usize)
             .and_then(Option::as_ref)
             .ok_or_else(|| anyhow!("slot {slot} is in no chunk"))
     }
 
     fn chunk_mut(&mut self, slot: u32) -> anyhow::Result<&mut Chunk> {
-        self.chunks
+        self.present
             .get_mut((slot / CHUNK_SLOTS) as usize)
             .and_then(Option::as_mut)
             .ok_or_else(|| anyhow!("slot {slot} is in no chunk"))
@@ -156,29 +156,56 @@ impl Chunks {
         Ok(())
     }
 
-    /// Slot `slot`'s per-CPU counters, summed over CPUs.
+    /// Slots `first .. first + n`, all in one chunk: each one's per-CPU counters summed
+    /// over CPUs, and its shared part. Two system calls, however many slots.
     ///
     /// # Errors
-    /// When the map cannot be read.
-    pub(crate) fn per_cpu(&self, slot: u32) -> anyhow::Result<PerCpuCounters> {
-        let mut total = PerCpuCounters::default();
-        for cpu in self.chunk(slot)?.per_cpu.get(&(slot % CHUNK_SLOTS), 0)?.iter() {
-            total += *cpu;
+    /// When the slots are not in one chunk there is, or a map cannot be read.
+    pub(crate) fn read_run(
+        &self,
+        first: u32,
+        n: u32,
+    ) -> anyhow::Result<Vec<(PerCpuCounters, QueueShared)>> {
+        let chunk = self.chunk(first)?;
+        if first % CHUNK_SLOTS + n > CHUNK_SLOTS {
+            anyhow::bail!("slots {first}.. ({n}) are not all in one chunk");
         }
-        Ok(total)
-    }
-
-    /// Slot `slot`'s shared part.
-    ///
-    /// # Errors
-    /// When the map cannot be read.
-    pub(crate) fn shared(&self, slot: u32) -> anyhow::Result<QueueShared> {
-        Ok(self.chunk(slot)?.shared.get(&(slot % CHUNK_SLOTS), 0)?)
+        let fd = |map: &MapData| map.fd().as_fd().as_raw_fd();
+        let start = first % CHUNK_SLOTS;
+        let per_cpu_size = size_of::<PerCpuCounters>().next_multiple_of(8);
+        let per_cpu = sys::array_lookup_batch(
+            fd(chunk.per_cpu.map()),
+            start,
+            n,
+            per_cpu_size * self.cpus,
+        )?;
+        let shared_size = size_of::<QueueShared>().next_multiple_of(8);
+        let shared = sys::array_lookup_batch(fd(chunk.shared.map()), start, n, shared_size)?;
+        Ok((0..n as usize)
+            .map(|i| {
+                let mut sum = PerCpuCounters::default();
+                for cpu in 0..self.cpus {
+                    let at = (i * self.cpus + cpu) * per_cpu_size;
+                    // SAFETY: within the buffer the kernel filled (n entries of `cpus`
+                    // values each); `PerCpuCounters` is plain u64s, any bits valid.
+                    sum += unsafe {
+                        std::ptr::read_unaligned(per_cpu[at..].as_ptr().cast::<PerCpuCounters>())
+                    };
+                }
+                // SAFETY: as above, `QueueShared` is plain integers.
+                let shared = unsafe {
+                    std::ptr::read_unaligned(
+                        shared[i * shared_size..].as_ptr().cast::<QueueShared>(),
+                    )
+                };
+                (sum, shared)
+            })
+            .collect())
     }
 
     /// The descriptors of the chunks' maps, for their kernel memory.
     pub(crate) fn fds(&self) -> Vec<i32> {
-        self.chunks
+        self.present
             .iter()
             .flatten()
             .flat_map(|c| {
@@ -192,7 +219,7 @@ impl Chunks {
 
     /// Chunks there are.
     pub(crate) fn count(&self) -> usize {
-        self.chunks.iter().flatten().count()
+        self.present.iter().flatten().count()
     }
 
     /// The descriptors of the two arrays of maps, for their kernel memory.

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use tap_probe_common::{
-    DeviceKey, DropKey, MAP_DROP_REASONS, MAP_EVENTS_LOST, OCCUPANCY_BUCKETS, QueueCounters,
-    QueueShared, RingSamples,
+    CHUNK_SLOTS, DeviceKey, DropKey, MAP_DROP_REASONS, MAP_EVENTS_LOST, OCCUPANCY_BUCKETS,
+    PerCpuCounters, QueueCounters, QueueShared, RingSamples,
 };
 
 use super::Probe;
@@ -73,9 +73,36 @@ impl Probe {
     pub(crate) fn read_queues(&self, key: DeviceKey) -> anyhow::Result<Vec<QueueCounters>> {
         let held = self.held(key)?;
         let mut out = vec![QueueCounters::default(); queue_span(&held.queues)];
-        for (&queue, &slot) in &held.queues {
-            let shared = self.chunks.shared(slot)?;
-            out[queue as usize] = QueueCounters::of(&self.chunks.per_cpu(slot)?, &shared.counters);
+        for (queue, per_cpu, shared) in self.read_slots(&held.queues)? {
+            out[queue as usize] = QueueCounters::of(&per_cpu, &shared.counters);
+        }
+        Ok(out)
+    }
+
+    /// Each queue of `queues` (queue to slot): its per-CPU counters summed and its shared
+    /// part, read a run of consecutive slots at a time (a device's queues tracked together
+    /// hold consecutive slots: two system calls for all of them).
+    fn read_slots(
+        &self,
+        queues: &BTreeMap<u32, u32>,
+    ) -> anyhow::Result<Vec<(u32, PerCpuCounters, QueueShared)>> {
+        let mut by_slot: Vec<(u32, u32)> = queues.iter().map(|(&q, &s)| (s, q)).collect();
+        by_slot.sort_unstable();
+        let mut out = Vec::with_capacity(by_slot.len());
+        let mut rest = &by_slot[..];
+        while let Some(&(first, _)) = rest.first() {
+            let run = rest
+                .iter()
+                .enumerate()
+                .take_while(|&(i, &(slot, _))| {
+                    slot == first + i as u32 && slot / CHUNK_SLOTS == first / CHUNK_SLOTS
+                })
+                .count();
+            let values = self.chunks.read_run(first, u32::try_from(run)?)?;
+            for (&(_, queue), (per_cpu, shared)) in rest[..run].iter().zip(values) {
+                out.push((queue, per_cpu, shared));
+            }
+            rest = &rest[run..];
         }
         Ok(out)
     }
@@ -93,15 +120,15 @@ impl Probe {
             stopped_since: vec![None; n],
             drop_reasons: BTreeMap::new(),
         };
-        for (&queue, &slot) in &held.queues {
+        for (queue, per_cpu, shared) in self.read_slots(&held.queues)? {
             let i = queue as usize;
             let QueueShared {
                 state,
                 counters,
                 occupancy,
                 ..
-            } = self.chunks.shared(slot)?;
-            out.queues[i] = QueueCounters::of(&self.chunks.per_cpu(slot)?, &counters);
+            } = shared;
+            out.queues[i] = QueueCounters::of(&per_cpu, &counters);
             out.occupancy[i] = RingOccupancy::of(&occupancy);
             out.stopped_since[i] = (state & 1 != 0).then_some(state & !1);
         }
@@ -125,7 +152,7 @@ impl Probe {
         let map: BpfHashMap<&MapData, DropKey, u64> =
             BpfHashMap::try_from(self.map(MAP_DROP_REASONS)?)?;
         let mut out = Reasons::new();
-        for entry in map.iter() {
+        for entry in &map {
             let (key, n) = entry?;
             out.entry(key.slot).or_default().push((key.reason, n));
         }

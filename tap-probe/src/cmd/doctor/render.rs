@@ -128,14 +128,7 @@ pub(super) fn render_table(r: &Diagnosis) -> String {
                 let _ = writeln!(out, "  not used: {note}");
             }
             if let Some(memory) = memory {
-                let _ = writeln!(
-                    out,
-                    "\nits maps, with no device tracked and one chunk of {} queues:",
-                    tap_probe_common::CHUNK_SLOTS
-                );
-                for line in crate::output::memory_lines(memory) {
-                    let _ = writeln!(out, "  {line}");
-                }
+                render_memory(&mut out, memory);
             }
         }
         AutoBackend::Failed { error } => {
@@ -145,6 +138,18 @@ pub(super) fn render_table(r: &Diagnosis) -> String {
 
     render_kallsyms(&mut out, r);
     out
+}
+
+/// What the probe's maps hold, as `watch` would attach them here.
+fn render_memory(out: &mut String, memory: &tap_probe_observer::bpf::probe::Memory) {
+    let _ = writeln!(
+        out,
+        "\nits maps, with no device tracked and one chunk of {} queues:",
+        tap_probe_common::CHUNK_SLOTS
+    );
+    for line in crate::output::memory_lines(memory) {
+        let _ = writeln!(out, "  {line}");
+    }
 }
 
 /// The kallsyms and BTF parts of the table.

@@ -147,24 +147,34 @@ fn families(report: &Report, devices: &[Device<'_>], series: Series) -> String {
         }
     }
     if series.per_queue {
-        out.push_str(
-            &format!(
-                "# HELP tap_probe_drop_reason_total {DIRECTION}packets freed inside the driver, \
-                 by skb drop reason (other than a full ring).\n\
-                 # TYPE tap_probe_drop_reason_total counter\n"
-            ),
-        );
-        for row in devices.iter().flat_map(|d| &d.rows) {
-            for (reason, n) in &row.drop_reasons {
-                let _ = writeln!(
-                    out,
-                    "tap_probe_drop_reason_total{{{},reason=\"{}\"}} {n}",
-                    labels(row, true),
-                    escape(reason)
-                );
-            }
+        drop_reasons(&mut out, devices);
+    }
+    exporter(&mut out, report);
+    out
+}
+
+/// The drop reasons, per queue.
+fn drop_reasons(out: &mut String, devices: &[Device<'_>]) {
+    let _ = write!(
+        out,
+        "# HELP tap_probe_drop_reason_total {DIRECTION}packets freed inside the driver, by skb \
+         drop reason (other than a full ring).\n# TYPE tap_probe_drop_reason_total counter\n"
+    );
+    for row in devices.iter().flat_map(|d| &d.rows) {
+        for (reason, n) in &row.drop_reasons {
+            let _ = writeln!(
+                out,
+                "tap_probe_drop_reason_total{{{},reason=\"{}\"}} {n}",
+                labels(row, true),
+                escape(reason)
+            );
         }
     }
+}
+
+/// What the exporter says of itself: devices it does not count, what its programs missed,
+/// its modules, its age and its kernel memory.
+fn exporter(out: &mut String, report: &Report) {
     let _ = write!(
         out,
         "# HELP tap_probe_untracked_devices Devices that match but are not counted (the probe's \
@@ -222,7 +232,6 @@ fn families(report: &Report, devices: &[Device<'_>], series: Series) -> String {
             memory.bytes()
         );
     }
-    out
 }
 
 /// A sample's value: seconds for times, 1 or 0 for flags; `None` for a value not known.
