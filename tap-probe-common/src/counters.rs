@@ -783,8 +783,15 @@ mod tests {
             .collect();
         values.sort_unstable();
         values.dedup();
-        assert_eq!(values.len(), stores.len(), "each field comes from its own word");
-        assert!(values.iter().all(|v| v % 1000 == 7), "none is left zero: {values:?}");
+        assert_eq!(
+            values.len(),
+            stores.len(),
+            "each field comes from its own word"
+        );
+        assert!(
+            values.iter().all(|v| v % 1000 == 7),
+            "none is left zero: {values:?}"
+        );
     }
 
     /// `MetricId::metric` indexes the table by the id's discriminant, which holds as long

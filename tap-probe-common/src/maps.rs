@@ -5,6 +5,9 @@
 /// queues present: the per-CPU part of a chunk costs `CHUNK_SLOTS * size_of::<PerCpuCounters>()`
 /// bytes times the host's CPUs.
 pub const CHUNK_SLOTS: u32 = 128;
+/// The flags of a chunk's shared array: `BPF_F_MMAPABLE`, so the loader reads it through a
+/// mapping of its memory rather than a copy per read (Linux 5.5+).
+pub const SHARED_CHUNK_FLAGS: u32 = 1 << 10;
 /// Chunks at most: `MAX_QUEUE_SLOTS / CHUNK_SLOTS`.
 pub const MAX_CHUNKS: u32 = 128;
 /// Queues counted at once, over every device: a slot each. Sizes `QUEUES`, the one table

@@ -200,7 +200,10 @@ fn lookup<M: Mem>(dev: u64, queue: u16, driver_flags: Option<u32>) -> Option<At>
 /// The queue a cache entry names, unless its device is left out.
 #[inline(always)]
 fn at(c: &QueueCache) -> Option<At> {
-    #[expect(clippy::cast_possible_truncation, reason = "a queue index the kernel keeps in 16 bits")]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "a queue index the kernel keeps in 16 bits"
+    )]
     (c.flags & DEVICE_LEFT_OUT == 0).then_some(At {
         key: c.key,
         slot: c.slot,

@@ -28,7 +28,7 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use tap_probe_common::{
-    DEVICE_TUN, OCCUPANCY_BUCKETS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLE_QUEUES,
+    DEVICE_TUN, OCCUPANCY_BUCKETS, RING_SAMPLE_QUEUES, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT,
 };
 
 use crate::clock::Clock;

@@ -20,6 +20,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use tap_probe_common::{
     CHUNK_SLOTS, DropKey, MAX_CHUNKS, MAX_DROP_KEYS, PerCpuCounters, QueueShared,
+    SHARED_CHUNK_FLAGS,
 };
 
 #[btf_map]
@@ -30,7 +31,7 @@ static PER_CPU_CHUNKS: ArrayOfMaps<
 
 #[btf_map]
 static SHARED_CHUNKS: ArrayOfMaps<
-    InnerArray<QueueShared, { CHUNK_SLOTS as usize }>,
+    InnerArray<QueueShared, { CHUNK_SLOTS as usize }, { SHARED_CHUNK_FLAGS as usize }>,
     { MAX_CHUNKS as usize },
 > = ArrayOfMaps::new();
 

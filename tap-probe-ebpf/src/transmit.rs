@@ -11,11 +11,11 @@ use aya_log_ebpf::debug;
 use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
 
 use crate::clock::Clock;
-use crate::storage::{add, count_reason, per_cpu, shared};
 use crate::device::{At, locate_skb, txq_state};
 use crate::events::{record, record_at};
 use crate::facts::{Mem, Probed, Typed, fact};
 use crate::queue_state::observe_queue;
+use crate::storage::{add, count_reason, per_cpu, shared};
 
 /// The driver call in flight on this CPU, between its start and its end.
 #[map]

@@ -121,8 +121,7 @@ fn maps_of(pid: &str) -> BTreeMap<u64, (u64, u64)> {
     let mut maps = BTreeMap::new();
     for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
         let fd = fd.unwrap();
-        if std::fs::read_link(fd.path()).ok().as_deref() != Some(Path::new("anon_inode:bpf-map"))
-        {
+        if std::fs::read_link(fd.path()).ok().as_deref() != Some(Path::new("anon_inode:bpf-map")) {
             continue;
         }
         let Ok(info) = std::fs::read_to_string(format!(
@@ -264,7 +263,10 @@ fn series_per_tap(body: &str, ns: &str) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for line in body.lines().filter(|l| !l.starts_with('#')) {
         if line.contains(&format!("netns=\"{ns}\""))
-            && let Some(device) = line.split("device=\"").nth(1).and_then(|r| r.split('"').next())
+            && let Some(device) = line
+                .split("device=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
         {
             *out.entry(device.to_owned()).or_default() += 1;
         }
@@ -347,14 +349,20 @@ fn sample_counts_exactly(
         Oracle::Sender,
         rows.iter().map(|r| r.counters.xmit_calls).sum::<u64>(),
         driven.sent.attempted,
-        format!("{}: a driver call per frame sent, over its queues", tap.name()),
+        format!(
+            "{}: a driver call per frame sent, over its queues",
+            tap.name()
+        ),
     );
     checks.eq(
         &gate,
         Oracle::DeviceStats,
         rows.iter().map(|r| r.counters.consumed).sum::<u64>(),
         rows[0].kernel.tx_packets,
-        format!("{}: consumed on all queues vs the device's tx_packets", tap.name()),
+        format!(
+            "{}: consumed on all queues vs the device's tx_packets",
+            tap.name()
+        ),
     );
     // serve: one series for the device, its queues summed.
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
@@ -499,7 +507,10 @@ fn every_tap_of_a_dense_host_is_tracked_within_its_memory_budget() {
     drop(single);
 
     let (status, log, _) = service.terminate();
-    assert!(status.success(), "serve exits cleanly on SIGTERM: {status:?}");
+    assert!(
+        status.success(),
+        "serve exits cleanly on SIGTERM: {status:?}"
+    );
     assert!(
         log.iter().all(|l| !l.contains("not tracking")),
         "serve said it left devices untracked:\n{}",

@@ -175,7 +175,10 @@ fn ip_batch(netns: &str, commands: &str) -> anyhow::Result<()> {
         .stdin(Stdio::piped())
         .spawn()
         .context("running ip")?;
-    std::io::Write::write_all(&mut ip.stdin.take().context("ip's stdin")?, commands.as_bytes())?;
+    std::io::Write::write_all(
+        &mut ip.stdin.take().context("ip's stdin")?,
+        commands.as_bytes(),
+    )?;
     let status = ip.wait()?;
     if !status.success() {
         bail!("ip -batch failed ({status})");

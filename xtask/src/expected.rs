@@ -271,6 +271,7 @@ may = true
             .iter()
             .map(|o| format!("oracle: exact 1 {o} {backend}"))
             .chain(PER_KERNEL.iter().map(|o| format!("oracle: exact 2 {o} -")))
+            .chain(HOST_ORACLES.iter().map(|o| format!("oracle: exact 1 {o} -")))
             .collect()
     }
 
@@ -296,7 +297,7 @@ may = true
             Vec::<String>::new()
         );
         let summary = tally_lines(&said);
-        assert!(summary.contains("exact checks: 13"), "{summary}");
+        assert!(summary.contains("exact checks: 14"), "{summary}");
         assert!(summary.contains("gated off: 0"), "{summary}");
     }
 

@@ -110,7 +110,9 @@ mod tests {
     #[test]
     fn slots_are_reused_only_after_a_generation() {
         let mut slots = with_chunks(1);
-        let taken: Vec<u32> = (0..CHUNK_SLOTS).map(|_| slots.allocate().unwrap()).collect();
+        let taken: Vec<u32> = (0..CHUNK_SLOTS)
+            .map(|_| slots.allocate().unwrap())
+            .collect();
         assert_eq!(taken, (0..CHUNK_SLOTS).collect::<Vec<_>>(), "lowest first");
         assert_eq!(slots.allocate(), None, "the chunk is full");
         slots.free(5);
@@ -118,14 +120,20 @@ mod tests {
         slots.next_generation();
         assert_eq!(slots.allocate(), Some(5));
         slots.free_unused(7);
-        assert_eq!(slots.allocate(), Some(7), "never seen by a program: free at once");
+        assert_eq!(
+            slots.allocate(),
+            Some(7),
+            "never seen by a program: free at once"
+        );
     }
 
     #[test]
     fn chunks_grow_to_their_limit_and_the_top_one_goes_once_empty() {
         let mut slots = with_chunks(4);
         assert_eq!(slots.next_chunk(), None, "at the limit");
-        let held: Vec<u32> = (0..=CHUNK_SLOTS).map(|_| slots.allocate().unwrap()).collect();
+        let held: Vec<u32> = (0..=CHUNK_SLOTS)
+            .map(|_| slots.allocate().unwrap())
+            .collect();
         assert_eq!(slots.shrink(), Some(3), "chunks 2 and 3 are empty");
         assert_eq!(slots.shrink(), Some(2));
         assert_eq!(slots.shrink(), None, "chunk 1 holds a slot");

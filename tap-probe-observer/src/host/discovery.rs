@@ -13,7 +13,7 @@ use tap_probe_common::DeviceKey;
 
 use crate::os::netlink::{Link, LinkStats, Rtnl, TunKind};
 use crate::os::netns::{self, NetnsInfo};
-use crate::os::procfs::{Holder, tun_holders};
+use crate::os::procfs::{self, Holder, tun_holders};
 use crate::os::sysfs::Sysfs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -147,22 +147,28 @@ struct Survey {
     namespaces: HashMap<u32, bool>,
 }
 
-/// How long what a scan found in `/proc` (the processes that hold tun/tap files) and in
-/// sysfs (each tap's `tun_flags`) is trusted while the tun/tap devices stay as they were:
-/// both change only when a device comes, goes or gains or loses a queue (a holder attaching
-/// or detaching a file, which may set other flags), which a scan sees in the links it lists
-/// and answers at once; the rest (a file handed from one process to another, a holder gone
-/// with its device still there) is caught within this. Walking every process's files at
-/// every refresh would cost a dense host's exporter more than all else it does.
-const PROC_SCAN_MAX_AGE: Duration = Duration::from_secs(60);
+/// How long what a walk of every process's files found (the processes that hold tun/tap
+/// files) and what sysfs said (each tap's `tun_flags`) are trusted. Walking every process's
+/// files at every refresh would cost a dense host's exporter more than all else it does
+/// (some 100,000 descriptors on a host of 1,000 VMs), so a scan walks them all once a
+/// minute; between, it walks only the processes that started since its last walk, and only
+/// when a tun/tap appeared: a VM's new tap is its holder's, a process that is new too. A tap
+/// handed to a process that ran before, or attached to a running one, is seen within this;
+/// flags are read again at once where a tap gained or lost a queue (a holder attaching or
+/// detaching a file, which may set other flags).
+const PROC_SCAN_MAX_AGE: Duration = Duration::from_mins(1);
 
-/// What the last walk of `/proc` found, and for which tun/taps.
+/// What the walks of `/proc` found, and for which tun/taps.
 #[derive(Debug)]
 struct Holders {
     found: Vec<Holder>,
+    /// When every process was walked last.
     at: Instant,
-    /// The tun/taps there were (namespace, name, queues in use): another set means a walk.
-    devices: BTreeSet<(u32, String, u32)>,
+    /// The processes walked since.
+    pids: HashSet<u32>,
+    /// The tun/taps there were (namespace, name): one not among them means a walk of the
+    /// processes that are new.
+    devices: BTreeSet<(u32, String)>,
 }
 
 /// Scans the host for devices, keeping one rtnetlink socket per namespace between scans.
@@ -277,15 +283,6 @@ impl Discovery {
         self.sysfs.retain(|inode, _| live.contains(inode));
         self.refused.retain(|inode, _| live.contains(inode));
 
-        // Stale after a while: the holders and the flags are read afresh together.
-        if self
-            .holders
-            .as_ref()
-            .is_some_and(|h| h.at.elapsed() >= PROC_SCAN_MAX_AGE)
-        {
-            self.holders = None;
-            self.flags.clear();
-        }
         let mut devices = Vec::new();
         for ns in &namespaces {
             read.insert(ns.inode, false);
@@ -358,21 +355,14 @@ impl Discovery {
                 });
             }
         }
-        let tuns: BTreeSet<(u32, String, u32)> = devices
+        let tuns: BTreeSet<(u32, String)> = devices
             .iter()
             .filter(|d| d.kind.is_tun())
-            .map(|d| (d.key.netns_inode, d.name.clone(), d.active_queues))
+            .map(|d| (d.key.netns_inode, d.name.clone()))
             .collect();
         let present: HashSet<DeviceKey> = devices.iter().map(|d| d.key).collect();
         self.flags.retain(|key, _| present.contains(key));
-        let holders = match self.holders.take() {
-            Some(holders) if holders.devices == tuns => holders,
-            _ => Holders {
-                found: tun_holders(),
-                at: Instant::now(),
-                devices: tuns,
-            },
-        };
+        let holders = self.holders(tuns);
         attach_owners(&mut devices, &holders.found);
         self.holders = Some(holders);
         Ok(Survey {
@@ -380,6 +370,39 @@ impl Discovery {
             macvlans,
             namespaces: read,
         })
+    }
+
+    /// The holders of tun/tap files of the processes there are, walked as
+    /// [`PROC_SCAN_MAX_AGE`] says for the tun/taps `tuns`.
+    fn holders(&mut self, tuns: BTreeSet<(u32, String)>) -> Holders {
+        let pids = procfs::pids().unwrap_or_default();
+        match self.holders.take() {
+            // Stale after a while: the holders and the flags are read afresh together.
+            Some(mut holders) if holders.at.elapsed() < PROC_SCAN_MAX_AGE => {
+                let live: HashSet<u32> = pids.iter().copied().collect();
+                holders.found.retain(|h| live.contains(&h.pid));
+                holders.pids.retain(|pid| live.contains(pid));
+                if !tuns.is_subset(&holders.devices) {
+                    let new: Vec<u32> = pids
+                        .into_iter()
+                        .filter(|pid| !holders.pids.contains(pid))
+                        .collect();
+                    holders.found.extend(tun_holders(&new));
+                    holders.pids.extend(new);
+                }
+                holders.devices = tuns;
+                holders
+            }
+            _ => {
+                self.flags.clear();
+                Holders {
+                    found: tun_holders(&pids),
+                    at: Instant::now(),
+                    pids: pids.into_iter().collect(),
+                    devices: tuns,
+                }
+            }
+        }
     }
 
     /// The namespaces the last scan could not enter, each as `name: why`.

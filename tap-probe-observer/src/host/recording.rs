@@ -5,9 +5,9 @@
 //! is not added, and one that goes away stays in the header; only the summary leaves it
 //! out, as the kernel has no counters of it left to compare.
 
-use anyhow::Result;
 use crate::host::Host;
 use crate::host::discovery::Device;
+use anyhow::Result;
 
 /// A device the recording counts.
 #[derive(Debug)]
@@ -121,18 +121,12 @@ mod tests {
         // Traffic between the first scan and the tracking: the baseline is taken after.
         host.devices[0].stats.tx_packets = 8;
         let Following { followed, refused } = follow(&mut host, devices);
-        assert_eq!(
-            host.calls,
-            ["track 1 1", "track 2 4", "full 3"]
-        );
+        assert_eq!(host.calls, ["track 1 1", "track 2 4", "full 3"]);
         let followed: Vec<_> = followed
             .iter()
             .map(|f| (f.device.name.as_str(), f.queues, f.baseline))
             .collect();
-        assert_eq!(
-            followed,
-            [("tap0", 1, (8, 0)), ("mq0", 4, (10, 1))]
-        );
+        assert_eq!(followed, [("tap0", 1, (8, 0)), ("mq0", 4, (10, 1))]);
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].0.name, "tap3");
     }

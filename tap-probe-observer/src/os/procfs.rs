@@ -34,14 +34,12 @@ pub(crate) struct Holder {
     pub(crate) vm: Option<String>,
 }
 
-/// Every open `/dev/net/tun` fd bound to a device, from `/proc/*/fd` and `/proc/*/fdinfo`.
-/// Processes and fds that go away mid-scan are skipped.
-pub(crate) fn tun_holders() -> Vec<Holder> {
-    let Ok(pids) = pids() else {
-        return Vec::new();
-    };
+/// Every open `/dev/net/tun` fd bound to a device in the processes `pids`, from
+/// `/proc/PID/fd` and `/proc/PID/fdinfo`. Processes and fds that go away mid-scan are
+/// skipped.
+pub(crate) fn tun_holders(pids: &[u32]) -> Vec<Holder> {
     let mut holders = Vec::new();
-    for pid in pids {
+    for &pid in pids {
         let fd_dir = format!("/proc/{pid}/fd");
         let Ok(fds) = std::fs::read_dir(&fd_dir) else {
             continue;

@@ -314,8 +314,7 @@ pub(crate) fn memory_lines(memory: &tap_probe_observer::bpf::probe::Memory) -> V
             chunks.len(),
             bytes(chunks.iter().map(|m| m.bytes).sum()),
             bytes(
-                chunks.iter().map(|m| m.per_cpu_bytes).sum::<u64>()
-                    * memory.possible_cpus as u64
+                chunks.iter().map(|m| m.per_cpu_bytes).sum::<u64>() * memory.possible_cpus as u64
             ),
         ));
     }
@@ -429,6 +428,9 @@ mod tests {
         }];
         let table = table::rows(&report, None);
         assert!(table.contains("veth.ko loaded since attach"), "{table}");
-        assert!(prometheus::exposition(&report, prometheus::Series::default()).contains("\ntap_probe_modules_changed 1\n"));
+        assert!(
+            prometheus::exposition(&report, prometheus::Series::default())
+                .contains("\ntap_probe_modules_changed 1\n")
+        );
     }
 }

@@ -341,8 +341,10 @@ fn above_floor(
             "{} against the floor: {}/floor {}, {} ns a packet above it",
             a.variant,
             a.variant,
-            a.ratio.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),
-            a.ns_each.map_or_else(|| "-".to_owned(), |n| format!("{n:.0}")),
+            a.ratio
+                .map_or_else(|| "-".to_owned(), |r| format!("{r:.3}")),
+            a.ns_each
+                .map_or_else(|| "-".to_owned(), |n| format!("{n:.0}")),
         );
     }
     above

@@ -274,7 +274,10 @@ impl Observer {
             }
             if std::time::Instant::now() > deadline {
                 proc.stop()?;
-                bail!("the floor did not attach within {} s", attach_wait.as_secs());
+                bail!(
+                    "the floor did not attach within {} s",
+                    attach_wait.as_secs()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }

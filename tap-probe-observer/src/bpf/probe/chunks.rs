@@ -12,6 +12,7 @@ use aya::{
 };
 use tap_probe_common::{
     CHUNK_SLOTS, MAP_PER_CPU_CHUNKS, MAP_SHARED_CHUNKS, PerCpuCounters, QueueShared,
+    SHARED_CHUNK_FLAGS,
 };
 
 use crate::bpf::sys;
@@ -19,10 +20,61 @@ use crate::bpf::sys;
 type PerCpuChunk = PerCpuArray<MapData, PerCpuCounters>;
 type SharedChunk = Array<MapData, QueueShared>;
 
-/// One chunk's two maps.
+/// One chunk's two maps, and the shared one's memory mapped.
 struct Chunk {
     per_cpu: PerCpuChunk,
     shared: SharedChunk,
+    mapped: Mapped,
+}
+
+/// A shared chunk's values, mapped read-only (`BPF_F_MMAPABLE`): read in place, with no
+/// system call and no copy of what is not read.
+struct Mapped {
+    at: std::ptr::NonNull<QueueShared>,
+    len: usize,
+}
+
+impl Mapped {
+    /// Maps the values of the array behind `fd` (`CHUNK_SLOTS` entries of `QueueShared`).
+    fn new(fd: RawFd) -> anyhow::Result<Self> {
+        let len = (CHUNK_SLOTS as usize * size_of::<QueueShared>()).next_multiple_of(4096);
+        // SAFETY: a shared read-only mapping of a BPF array created mmapable, of its
+        // values' size rounded up to pages, as the kernel maps it (`array_map_mmap`).
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .context("mapping a chunk of the per-queue storage");
+        }
+        Ok(Self {
+            at: std::ptr::NonNull::new(at.cast()).context("mmap gave a null mapping")?,
+            len,
+        })
+    }
+
+    /// The values of slot `index` of the chunk: read field by field while programs write
+    /// them, each aligned u64 whole.
+    fn get(&self, index: u32) -> QueueShared {
+        assert!(index < CHUNK_SLOTS, "slot {index} beyond a chunk");
+        // SAFETY: within the mapping, which holds CHUNK_SLOTS values; QueueShared is plain
+        // integers, valid whatever their bits; volatile, as the programs write them.
+        unsafe { std::ptr::read_volatile(self.at.as_ptr().add(index as usize)) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.at.as_ptr().cast(), self.len) };
+    }
 }
 
 /// The chunks there are, and the two arrays of maps the programs find them in.
@@ -70,13 +122,13 @@ impl Chunks {
     /// When the kernel refuses to create the maps (out of memory) or to take them.
     pub(crate) fn add(&mut self, index: u32) -> anyhow::Result<()> {
         use aya_obj::generated::bpf_map_type::{BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY};
-        let create = |kind, value: usize, name: &str| {
+        let create = |kind, value: usize, flags: u32, name: &str| {
             let def = aya_obj::Map::new_from_params(
                 kind as u32,
                 4,
                 u32::try_from(value)?,
                 CHUNK_SLOTS,
-                0,
+                flags,
             );
             MapData::create(def, name, None)
                 .with_context(|| format!("creating chunk {index} of the per-queue storage"))
@@ -84,13 +136,16 @@ impl Chunks {
         let per_cpu = PerCpuArray::try_from(Map::PerCpuArray(create(
             BPF_MAP_TYPE_PERCPU_ARRAY,
             size_of::<PerCpuCounters>(),
+            0,
             &format!("tp_percpu_{index}"),
         )?))?;
         let shared = Array::try_from(Map::Array(create(
             BPF_MAP_TYPE_ARRAY,
             size_of::<QueueShared>(),
+            SHARED_CHUNK_FLAGS,
             &format!("tp_shared_{index}"),
         )?))?;
+        let mapped = Mapped::new(shared.map().fd().as_fd().as_raw_fd())?;
         // The shared part first: a program that finds the per-CPU part finds both.
         self.shared_outer
             .set(index, &shared, 0)
@@ -102,7 +157,11 @@ impl Chunks {
         if self.present.len() <= at {
             self.present.resize_with(at + 1, || None);
         }
-        self.present[at] = Some(Chunk { per_cpu, shared });
+        self.present[at] = Some(Chunk {
+            per_cpu,
+            shared,
+            mapped,
+        });
         Ok(())
     }
 
@@ -157,7 +216,7 @@ impl Chunks {
     }
 
     /// Slots `first .. first + n`, all in one chunk: each one's per-CPU counters summed
-    /// over CPUs, and its shared part. Two system calls, however many slots.
+    /// over CPUs, and its shared part. One system call, however many slots.
     ///
     /// # Errors
     /// When the slots are not in one chunk there is, or a map cannot be read.
@@ -173,14 +232,8 @@ impl Chunks {
         let fd = |map: &MapData| map.fd().as_fd().as_raw_fd();
         let start = first % CHUNK_SLOTS;
         let per_cpu_size = size_of::<PerCpuCounters>().next_multiple_of(8);
-        let per_cpu = sys::array_lookup_batch(
-            fd(chunk.per_cpu.map()),
-            start,
-            n,
-            per_cpu_size * self.cpus,
-        )?;
-        let shared_size = size_of::<QueueShared>().next_multiple_of(8);
-        let shared = sys::array_lookup_batch(fd(chunk.shared.map()), start, n, shared_size)?;
+        let per_cpu =
+            sys::array_lookup_batch(fd(chunk.per_cpu.map()), start, n, per_cpu_size * self.cpus)?;
         Ok((0..n as usize)
             .map(|i| {
                 let mut sum = PerCpuCounters::default();
@@ -192,12 +245,8 @@ impl Chunks {
                         std::ptr::read_unaligned(per_cpu[at..].as_ptr().cast::<PerCpuCounters>())
                     };
                 }
-                // SAFETY: as above, `QueueShared` is plain integers.
-                let shared = unsafe {
-                    std::ptr::read_unaligned(
-                        shared[i * shared_size..].as_ptr().cast::<QueueShared>(),
-                    )
-                };
+                #[expect(clippy::cast_possible_truncation, reason = "below CHUNK_SLOTS")]
+                let shared = chunk.mapped.get(start + i as u32);
                 (sum, shared)
             })
             .collect())

@@ -95,7 +95,8 @@ impl Probe {
                 .iter()
                 .enumerate()
                 .take_while(|&(i, &(slot, _))| {
-                    slot == first + i as u32 && slot / CHUNK_SLOTS == first / CHUNK_SLOTS
+                    u32::try_from(i).is_ok_and(|i| slot == first + i)
+                        && slot / CHUNK_SLOTS == first / CHUNK_SLOTS
                 })
                 .count();
             let values = self.chunks.read_run(first, u32::try_from(run)?)?;

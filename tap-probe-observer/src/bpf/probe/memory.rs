@@ -49,9 +49,7 @@ impl Memory {
         let here = self.possible_cpus as u64;
         self.maps
             .iter()
-            .map(|m| {
-                m.bytes.saturating_sub(m.per_cpu_bytes * here) + m.per_cpu_bytes * cpus as u64
-            })
+            .map(|m| m.bytes.saturating_sub(m.per_cpu_bytes * here) + m.per_cpu_bytes * cpus as u64)
             .sum()
     }
 }
@@ -77,14 +75,20 @@ impl Probe {
     fn read_memory(&self) -> anyhow::Result<Memory> {
         let mut maps = Vec::new();
         for (name, map) in self.ebpf.maps() {
-            maps.push(map_memory(name.to_owned(), data(map).fd().as_fd().as_raw_fd())?);
+            maps.push(map_memory(
+                name.to_owned(),
+                data(map).fd().as_fd().as_raw_fd(),
+            )?);
         }
         if let Some(fd) = self.log_map {
             maps.push(map_memory(super::AYA_LOGS.to_owned(), fd)?);
         }
-        for (name, fd) in [tap_probe_common::MAP_PER_CPU_CHUNKS, tap_probe_common::MAP_SHARED_CHUNKS]
-            .into_iter()
-            .zip(self.chunks.outer_fds())
+        for (name, fd) in [
+            tap_probe_common::MAP_PER_CPU_CHUNKS,
+            tap_probe_common::MAP_SHARED_CHUNKS,
+        ]
+        .into_iter()
+        .zip(self.chunks.outer_fds())
         {
             maps.push(map_memory(name.to_owned(), fd)?);
         }

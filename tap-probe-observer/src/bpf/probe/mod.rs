@@ -13,10 +13,10 @@ use aya::{
     programs::RawTracePoint,
 };
 use tap_probe_common::{
-    DeviceKey, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, GLOBAL_FOLLOW_FLOWS, GLOBAL_KERNEL,
-    CHUNK_SLOTS, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_EVENTS, MAP_EVENTS_LOST,
-    MAX_CHUNKS, MAX_QUEUE_SLOTS,
-    PROG_SAMPLE_RINGS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLES_OFF,
+    CHUNK_SLOTS, DeviceKey, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, GLOBAL_FOLLOW_FLOWS,
+    GLOBAL_KERNEL, GLOBAL_RECORD_EVENTS, GLOBAL_SAMPLE_RING, MAP_EVENTS, MAP_EVENTS_LOST,
+    MAX_CHUNKS, MAX_QUEUE_SLOTS, PROG_SAMPLE_RINGS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT,
+    RING_SAMPLES_OFF,
 };
 
 use crate::bpf::backend::{Backend, Ring, Sources};
@@ -262,18 +262,7 @@ impl Probe {
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
         sources.flows = counting.flows;
-        match (&sources.ring, counting.occupancy) {
-            (_, Occupancy::Off) => {
-                sources.ring = Ring::Unavailable(counting.occupancy_off.to_owned());
-            }
-            (Ring::Sampled { btf, .. }, mode) => {
-                sources.ring = Ring::Sampled {
-                    btf: btf.clone(),
-                    mode,
-                };
-            }
-            (Ring::Unavailable(_), _) => {}
-        }
+        sources.ring = ring_source(&sources.ring, &counting);
         // Where every driver call and take samples, a refresh adds nothing.
         let sampler = if sources.ring_sampled() && counting.occupancy == Occupancy::Events {
             let program: &mut RawTracePoint = ebpf
@@ -296,7 +285,12 @@ impl Probe {
             sources,
             possible_cpus: cpus,
             tracked: HashMap::new(),
-            slots: Slots::new(counting.max_queues.div_ceil(CHUNK_SLOTS).clamp(1, MAX_CHUNKS)),
+            slots: Slots::new(
+                counting
+                    .max_queues
+                    .div_ceil(CHUNK_SLOTS)
+                    .clamp(1, MAX_CHUNKS),
+            ),
             chunks,
             spares: Vec::new(),
             generation: 0,
@@ -451,4 +445,17 @@ fn event_rings(ebpf: &mut Ebpf) -> anyhow::Result<(Vec<u32>, Vec<RingBuf<MapData
         rings.push(RingBuf::try_from(Map::RingBuf(ring))?);
     }
     Ok((cpus, rings))
+}
+
+/// The ring's source as `counting` asks for it: off, or sampled in the mode it asks for
+/// where the kernel lets the ring be sampled at all.
+fn ring_source(ring: &Ring, counting: &Counting) -> Ring {
+    match (ring, counting.occupancy) {
+        (_, Occupancy::Off) => Ring::Unavailable(counting.occupancy_off.to_owned()),
+        (Ring::Sampled { btf, .. }, mode) => Ring::Sampled {
+            btf: btf.clone(),
+            mode,
+        },
+        (Ring::Unavailable(why), _) => Ring::Unavailable(why.clone()),
+    }
 }

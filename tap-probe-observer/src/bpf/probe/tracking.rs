@@ -136,7 +136,11 @@ impl Probe {
     /// Puts a device into `DEVICES` unless it is there already (then `false`).
     fn insert_device(&mut self, key: DeviceKey, entry: DeviceEntry) -> anyhow::Result<bool> {
         let mut devices = self.devices_map_mut()?;
-        added(devices.insert(key, entry, BPF_NOEXIST), Full::Devices, "adding a device")
+        added(
+            devices.insert(key, entry, BPF_NOEXIST),
+            Full::Devices,
+            "adding a device",
+        )
     }
 
     /// Puts a queue into `QUEUES` unless it is there already (then `false`).
@@ -216,7 +220,11 @@ impl Probe {
     /// # Errors
     /// When a map update fails.
     pub fn ignore(&mut self, key: DeviceKey) -> anyhow::Result<()> {
-        if self.tracked.get(&key).is_some_and(|h| h.flags & DEVICE_LEFT_OUT != 0) {
+        if self
+            .tracked
+            .get(&key)
+            .is_some_and(|h| h.flags & DEVICE_LEFT_OUT != 0)
+        {
             return Ok(());
         }
         let none = DeviceEntry {

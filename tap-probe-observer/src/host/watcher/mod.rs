@@ -303,7 +303,8 @@ impl<H: Host> Tracker<H> {
         self.host.settle(scanned_at.elapsed());
 
         let now_ns = self.host.now_ns();
-        let mut rows = Vec::new();
+        // A device's rows together: sorted by device, thousands of them are moved once.
+        let mut rows: Vec<Vec<Row>> = Vec::new();
         let current: HashMap<DeviceKey, Device> =
             matching.into_iter().map(|d| (d.key, d)).collect();
         let left_out: HashSet<DeviceKey> = left_out.into_iter().collect();
@@ -430,7 +431,7 @@ impl<H: Host> Tracker<H> {
             tracked.kernel = kernel;
             let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
             let context = context(self.host.sources(), self.backpressure, tracked, false);
-            rows.extend(device_rows(
+            rows.push(device_rows(
                 &tracked.device,
                 &counters,
                 kernel,
@@ -474,7 +475,10 @@ impl<H: Host> Tracker<H> {
         if !newly_untracked.is_empty() {
             warn_untracked(&newly_untracked, self.untracked.len());
         }
-        rows.sort_by(|a, b| (&a.netns, &a.ifname, a.queue).cmp(&(&b.netns, &b.ifname, b.queue)));
+        // A device's rows come in queue order; devices by namespace and name.
+        rows.retain(|device| !device.is_empty());
+        rows.sort_by(|a, b| (&a[0].netns, &a[0].ifname).cmp(&(&b[0].netns, &b[0].ifname)));
+        let rows: Vec<Row> = rows.into_iter().flatten().collect();
         let mut untracked: Vec<Untracked> = self.untracked.values().cloned().collect();
         untracked.sort_by(|a, b| (&a.netns, &a.ifname).cmp(&(&b.netns, &b.ifname)));
         let modules_changed = self.host.module_changes();
@@ -548,13 +552,13 @@ fn context(
 impl<H: Host> Tracker<H> {
     /// A device is gone: its last row, marked, and its slots given back. Its name, for the
     /// log.
-    fn retire(&mut self, key: DeviceKey, now_ns: u64, rows: &mut Vec<Row>) -> Option<String> {
+    fn retire(&mut self, key: DeviceKey, now_ns: u64, rows: &mut Vec<Vec<Row>>) -> Option<String> {
         let mut tracked = self.devices.remove(&key)?;
         // Read before untracking: the slots are zeroed on reuse, not on removal.
         match self.host.counters(key) {
             Ok(counters) => {
                 let stuck = tracked.stuck(&counters, now_ns, self.stuck_after);
-                rows.extend(device_rows(
+                rows.push(device_rows(
                     &tracked.device,
                     &counters,
                     tracked.kernel,

@@ -54,6 +54,10 @@ impl Departed {
             log::debug!("dropping the series of {excess} departed devices early: too many");
             self.rows.drain(..excess);
         }
+        if self.rows.is_empty() {
+            // Nothing departed: no labels to compare (a dense host's thousands of rows).
+            return Vec::new();
+        }
         let live: std::collections::HashSet<String> = report
             .rows
             .iter()

@@ -457,8 +457,15 @@ mod tests {
             .lines()
             .filter(|l| l.contains("device=\"tap0\""))
             .collect();
-        assert!(samples.len() <= 21, "{} series: {samples:#?}", samples.len());
-        assert!(samples.iter().all(|l| !l.contains("queue=")), "{samples:#?}");
+        assert!(
+            samples.len() <= 21,
+            "{} series: {samples:#?}",
+            samples.len()
+        );
+        assert!(
+            samples.iter().all(|l| !l.contains("queue=")),
+            "{samples:#?}"
+        );
         let labels = r#"netns="vm \"a\"\\b\nc",device="tap0",kind="tap""#;
         for expected in [
             format!("tap_probe_xmit_calls_total{{{labels}}} 80"),
@@ -470,7 +477,10 @@ mod tests {
             format!("tap_probe_kernel_tx_packets_total{{{labels}}} 6"),
             format!("tap_probe_backpressure{{{labels}}} 1"),
         ] {
-            assert!(text.lines().any(|l| l == expected), "{expected} in:\n{text}");
+            assert!(
+                text.lines().any(|l| l == expected),
+                "{expected} in:\n{text}"
+            );
         }
         for absent in [
             "tap_probe_wakes_reader_total",
@@ -490,8 +500,11 @@ mod tests {
                 ..Series::default()
             },
         );
-        assert!(with_histogram.lines().any(|l| l
-            == format!("tap_probe_ring_occupancy_samples_count{{{labels}}} 32")));
+        assert!(
+            with_histogram
+                .lines()
+                .any(|l| l == format!("tap_probe_ring_occupancy_samples_count{{{labels}}} 32"))
+        );
     }
 
     #[test]
@@ -718,6 +731,9 @@ tap_probe_modules_changed 0
 # TYPE tap_probe_elapsed_seconds gauge
 tap_probe_elapsed_seconds 2.5
 "#;
-        assert_eq!(exposition(&report(vec![row("tap0", 1)]), Series::ALL), GOLDEN);
+        assert_eq!(
+            exposition(&report(vec![row("tap0", 1)]), Series::ALL),
+            GOLDEN
+        );
     }
 }
