@@ -121,15 +121,15 @@ pub(crate) fn device<M: Mem>(dev: u64) -> Option<DeviceCache> {
     };
     let generation = GENERATION.get(0).copied().unwrap_or(0);
     let cache = DEVICE_CACHE.get_ptr_mut(0)?;
-    let cached = load(cache);
+    let c = load(cache);
     let ifindex: u32 = M::read(dev, fact!(dev_ifindex))?;
     let net: u64 = if M::CHEAP {
         M::read(dev, fact!(dev_net))?
     } else {
         0
     };
-    if let Some(c) = cached
-        && c.dev == dev
+    if c.dev == dev
+        && dev != 0
         && c.generation == generation
         && c.key.ifindex == ifindex
         && (!M::CHEAP || c.net == net)
@@ -219,7 +219,9 @@ fn register<M: Mem>(dev: u64, key: DeviceKey, driver_flags: u32) -> Option<Devic
     unsafe { DEVICES.get(key) }.copied()
 }
 
-/// This CPU's cache entry, if it is whole.
+/// This CPU's cache entry, with `dev` 0 (no device's) unless it is whole. Not an `Option`:
+/// the compiler may read the fields of a `None` before it checks, and before Linux 5.12 the
+/// verifier refuses any read of stack that was never written.
 ///
 /// The programs that share it run in process context (`consume_skb` of a reader's
 /// `read()`) and in softirq (a transmit), so one can interrupt another mid-update, though
@@ -228,7 +230,7 @@ fn register<M: Mem>(dev: u64, key: DeviceKey, driver_flags: u32) -> Option<Devic
 /// last. Whatever interrupts either one runs to its end before it goes on, so a torn
 /// entry, or a torn copy of one, has a seal that does not match and is refilled.
 #[inline(always)]
-fn load(cache: *const DeviceCache) -> Option<DeviceCache> {
+fn load(cache: *const DeviceCache) -> DeviceCache {
     use core::ptr::{addr_of, read_volatile};
     // SAFETY: `cache` is this CPU's map value; volatile keeps the reads in this order.
     unsafe {
@@ -246,8 +248,10 @@ fn load(cache: *const DeviceCache) -> Option<DeviceCache> {
         entry.generation = read_volatile(addr_of!((*cache).generation));
         entry.sealed_dev = sealed_dev;
         entry.sealed_generation = sealed_generation;
-        (entry.dev == sealed_dev && entry.generation == sealed_generation && entry.dev != 0)
-            .then_some(entry)
+        if entry.dev != sealed_dev || entry.generation != sealed_generation {
+            entry.dev = 0;
+        }
+        entry
     }
 }
 

@@ -79,6 +79,9 @@ pub struct Sources {
     /// Driver calls: `xmit_calls`, `enqueued`, `busy`, and the bracket that ties a drop to
     /// the driver call in flight.
     pub xmit: Xmit,
+    /// How a full ring is told from the driver's other drops: `dropped_full_ring`,
+    /// `dropped_other`.
+    pub drops: Drops,
     /// Reader takes: `consumed`, `reader_sleeps`.
     pub consumed: Consume,
     /// Packets put back while the queue was stopped: `requeued_stopped`.
@@ -92,6 +95,30 @@ pub struct Sources {
     pub flows: bool,
     /// Why a preferred source was not used.
     pub notes: Vec<String>,
+}
+
+/// How the drops inside the driver (`skb:kfree_skb` of the call in flight) are told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drops {
+    /// By the reason the kernel gives, `SKB_DROP_REASON_FULL_RING` for a full ring.
+    Reason,
+    /// By the driver call's path, where the kernel gives no full-ring reason (before Linux
+    /// 5.17, and until tun gave one): see [`tap_probe_common::DropClass::Path`]. A drop of a
+    /// packet that had neither an owner nor a conntrack reference cannot be told, so
+    /// `dropped_full_ring` may be short by the `unclassified` drops of `dropped_other`.
+    Path,
+}
+
+impl Drops {
+    /// How this kernel's drops are told apart.
+    #[must_use]
+    pub fn of(kernel: &KernelInfo) -> Self {
+        if kernel.facts.drop_class == tap_probe_common::DropClass::Path as u32 {
+            Self::Path
+        } else {
+            Self::Reason
+        }
+    }
 }
 
 /// Where packets put back by a stopped queue are seen.
@@ -167,6 +194,21 @@ impl std::fmt::Display for Xmit {
             Self::Tracepoints => {
                 f.write_str("tracepoints net:net_dev_start_xmit, net:net_dev_xmit")
             }
+        }
+    }
+}
+
+impl std::fmt::Display for Drops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Reason => f.write_str(DROPS),
+            Self::Path => write!(
+                f,
+                "{DROPS} without a full-ring reason (Linux < 5.17): a full ring told by the \
+                 driver call's path, tun_net_xmit orphaning the packet right before its ring; \
+                 dropped_full_ring may be short by drops of packets with neither an owner nor \
+                 a conntrack reference (dropped_other, reason unclassified)"
+            ),
         }
     }
 }
@@ -324,7 +366,7 @@ impl Sources {
     pub fn groups(&self) -> [(&'static str, &'static str, String); 7] {
         [
             ("xmit", "driver calls", self.xmit.to_string()),
-            ("drops", "drops", DROPS.to_owned()),
+            ("drops", "drops", self.drops.to_string()),
             ("consumed", "reader takes", self.consumed.to_string()),
             ("queue_state", "queue state", QUEUE_STATE.to_owned()),
             (
@@ -506,6 +548,7 @@ pub fn attach(
     };
     Ok(Sources {
         xmit,
+        drops: Drops::of(kernel),
         consumed,
         requeues,
         wakes,
@@ -642,6 +685,7 @@ mod tests {
     fn sources_read_as_before_and_name_their_hooks() {
         let sources = Sources {
             xmit: Xmit::Kprobes(vec!["tun_net_xmit", "veth_xmit"]),
+            drops: Drops::Reason,
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,

@@ -330,12 +330,13 @@ impl Serialize for Row {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use crate::bpf::backend::{Consume, Drops, Requeues, Ring, Sources, Wakes, Xmit};
 
     /// The sources of a probe that runs on tracepoints alone.
     pub(crate) fn sources() -> Sources {
         Sources {
             xmit: Xmit::Tracepoints,
+            drops: Drops::Reason,
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,

@@ -11,7 +11,10 @@ use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 use btf_rs::Btf;
-use tap_probe_common::{DROP_REASON_XMIT_ERROR, KernelFacts, PROG_CONSUME_SKB, WakeRange};
+use tap_probe_common::{
+    DROP_REASON_BEFORE_RING, DROP_REASON_UNCLASSIFIED, DROP_REASON_XMIT_ERROR, KernelFacts,
+    PROG_CONSUME_SKB, WakeRange,
+};
 
 use crate::kernel::kallsyms::{Kallsyms, NamedRange};
 use crate::kernel::modules::Modules;
@@ -151,7 +154,7 @@ impl KernelInfo {
             consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)?
                 .len()
                 >= 2,
-            drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)?),
+            drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)),
             kallsyms,
             wake_ranges,
             ring_facts,
@@ -192,8 +195,11 @@ pub struct ReasonNames(pub(crate) BTreeMap<u32, String>);
 impl ReasonNames {
     #[must_use]
     pub(crate) fn name(&self, reason: u32) -> String {
-        if reason == DROP_REASON_XMIT_ERROR {
-            return "xmit_error".to_owned();
+        match reason {
+            DROP_REASON_XMIT_ERROR => return "xmit_error".to_owned(),
+            DROP_REASON_BEFORE_RING => return "before_ring".to_owned(),
+            DROP_REASON_UNCLASSIFIED => return "unclassified".to_owned(),
+            _ => {}
         }
         self.0
             .get(&reason)

@@ -207,7 +207,9 @@ pub(crate) mod tests {
     use tap_probe_common::{MetricId, QueueCounters};
 
     use super::*;
-    use tap_probe_observer::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use tap_probe_observer::bpf::backend::{
+        Consume, Drops, Requeues, Ring, Sources, Wakes, Xmit,
+    };
     use tap_probe_observer::bpf::probe::RingOccupancy;
     use tap_probe_observer::host::discovery::{DeviceKind, Owner};
     use tap_probe_observer::host::report::KernelDeltas;
@@ -318,6 +320,7 @@ pub(crate) mod tests {
     pub(crate) fn sources() -> Sources {
         Sources {
             xmit: Xmit::Tracepoints,
+            drops: Drops::Reason,
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,
