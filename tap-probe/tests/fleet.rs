@@ -497,7 +497,11 @@ fn the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     let kernel_misses = || -> u64 {
         loaded
             .iter()
-            .map(|&id| tap_probe_lab::lab::program_recursion_misses(id).unwrap())
+            .map(|&id| {
+                tap_probe_lab::lab::program_recursion_misses(id)
+                    .unwrap()
+                    .expect(common::MISSES_COUNTED)
+            })
             .sum()
     };
     // The first samples hold no more of the programs' misses than the kernel counted by now.

@@ -93,8 +93,20 @@ pub struct Sources {
     pub ring: Ring,
     /// Whether flows' order is followed (`reordered`, `flows_joined`).
     pub flows: bool,
+    /// What the kernel says of the program runs it skipped.
+    pub misses: Misses,
     /// Why a preferred source was not used.
     pub notes: Vec<String>,
+}
+
+/// What the kernel says of the runs of the programs it skipped (see
+/// [`crate::bpf::missed`]): counts that may be short say so only where it counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Misses {
+    /// The programs' `recursion_misses` (Linux 5.12+).
+    pub runs: bool,
+    /// The kprobes' own misses, through their links (Linux 6.7+).
+    pub kprobes: bool,
 }
 
 /// How the drops inside the driver (`skb:kfree_skb` of the call in flight) are told apart.
@@ -194,6 +206,26 @@ impl std::fmt::Display for Xmit {
             Self::Tracepoints => {
                 f.write_str("tracepoints net:net_dev_start_xmit, net:net_dev_xmit")
             }
+        }
+    }
+}
+
+impl Sources {
+    /// What the kernel says of skipped runs, as the sources' `missed` group says it.
+    fn misses_text(&self) -> String {
+        let kprobes = self.uses_kprobes();
+        match (self.misses.runs, kprobes && !self.misses.kprobes) {
+            (false, _) => "unknown: this kernel does not count the program runs it skips \
+                           (bpf_prog_info.recursion_misses, Linux 5.12+), so counts may be \
+                           short unseen"
+                .to_owned(),
+            (true, true) => "the programs' recursion_misses; not the kprobes' own (their \
+                             links report them from Linux 6.7)"
+                .to_owned(),
+            (true, false) if kprobes => {
+                "the programs' recursion_misses and the kprobes' own".to_owned()
+            }
+            (true, false) => "the programs' recursion_misses".to_owned(),
         }
     }
 }
@@ -363,7 +395,7 @@ impl Sources {
     /// Each group of counters: its JSON key, what it counts, and its source, in the order
     /// the JSON has them.
     #[must_use]
-    pub fn groups(&self) -> [(&'static str, &'static str, String); 7] {
+    pub fn groups(&self) -> [(&'static str, &'static str, String); 8] {
         [
             ("xmit", "driver calls", self.xmit.to_string()),
             ("drops", "drops", self.drops.to_string()),
@@ -376,6 +408,7 @@ impl Sources {
             ),
             ("wakes", "wakes by source", self.wakes.to_string()),
             ("ring_occupancy", "ring occupancy", self.ring.to_string()),
+            ("missed", "skipped runs", self.misses_text()),
         ]
     }
 }
@@ -397,7 +430,7 @@ impl Serialize for Sources {
     /// Each group's source as text, then the notes.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = serializer.serialize_struct("Sources", 8)?;
+        let mut st = serializer.serialize_struct("Sources", 9)?;
         for (group, _, source) in self.groups() {
             st.serialize_field(group, &source)?;
         }
@@ -554,6 +587,11 @@ pub fn attach(
         wakes,
         ring,
         flows: true,
+        // Asked of the loaded programs by the probe (see `Probe::attach_backend`).
+        misses: Misses {
+            runs: false,
+            kprobes: false,
+        },
         notes,
     })
 }
@@ -694,12 +732,16 @@ mod tests {
                 mode: crate::bpf::probe::Occupancy::Exact,
             },
             flows: false,
+            misses: Misses {
+                runs: true,
+                kprobes: false,
+            },
             notes: vec!["fentry: no".to_owned()],
         };
         // The groups that were there keep their keys and texts.
         assert_eq!(
             serde_json::to_string(&sources).unwrap(),
-            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","requeued_stopped":"tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)","wakes":"not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)","ring_occupancy":"ptr_ring read at each driver call and reader take (offsets from /sys/kernel/btf/tun)","notes":["fentry: no"]}"#
+            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","requeued_stopped":"tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)","wakes":"not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)","ring_occupancy":"ptr_ring read at each driver call and reader take (offsets from /sys/kernel/btf/tun)","missed":"the programs' recursion_misses; not the kprobes' own (their links report them from Linux 6.7)","notes":["fentry: no"]}"#
         );
         assert_eq!(
             sources.hooks(),

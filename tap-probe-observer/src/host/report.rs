@@ -330,7 +330,7 @@ impl Serialize for Row {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use crate::bpf::backend::{Consume, Drops, Requeues, Ring, Sources, Wakes, Xmit};
+    use crate::bpf::backend::{Consume, Drops, Misses, Requeues, Ring, Sources, Wakes, Xmit};
 
     /// The sources of a probe that runs on tracepoints alone.
     pub(crate) fn sources() -> Sources {
@@ -342,6 +342,10 @@ pub(crate) mod tests {
             wakes: Wakes::Inferred,
             ring: Ring::Unavailable("not in this test".to_owned()),
             flows: true,
+            misses: Misses {
+                runs: true,
+                kprobes: true,
+            },
             notes: Vec::new(),
         }
     }

@@ -321,6 +321,12 @@ fn offset_of(btf: &Btf, root: &str, path: &[&str]) -> Result<u32> {
     Ok(bits / 8)
 }
 
+/// Whether `struct root` has a byte-aligned member `member` (in anonymous members too).
+#[must_use]
+pub fn has_member(btf: &Btf, root: &str, member: &str) -> bool {
+    offset_of(btf, root, &[member]).is_ok()
+}
+
 /// Where the kernel reports a kprobe's misses in the information of its perf link
 /// (`bpf_link_info.perf_event.kprobe.missed`, Linux 6.7+): its byte offset, `None` before.
 #[must_use]

@@ -208,7 +208,7 @@ pub(crate) mod tests {
 
     use super::*;
     use tap_probe_observer::bpf::backend::{
-        Consume, Drops, Requeues, Ring, Sources, Wakes, Xmit,
+        Consume, Drops, Misses, Requeues, Ring, Sources, Wakes, Xmit,
     };
     use tap_probe_observer::bpf::probe::RingOccupancy;
     use tap_probe_observer::host::discovery::{DeviceKind, Owner};
@@ -326,6 +326,10 @@ pub(crate) mod tests {
             wakes: Wakes::Inferred,
             ring: Ring::Unavailable("not in this test".to_owned()),
             flows: true,
+            misses: Misses {
+                runs: true,
+                kprobes: true,
+            },
             notes: Vec::new(),
         }
     }

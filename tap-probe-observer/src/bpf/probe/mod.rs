@@ -18,7 +18,7 @@ use tap_probe_common::{
     MAX_QUEUE_SLOTS, PROG_SAMPLE_RINGS, RING_SAMPLES_EVENTS, RING_SAMPLES_EXACT, RING_SAMPLES_OFF,
 };
 
-use crate::bpf::backend::{Backend, Ring, Sources};
+use crate::bpf::backend::{Backend, Misses, Ring, Sources};
 use crate::bpf::kprobe::Kprobes;
 use crate::bpf::missed::ProgramMissed;
 use crate::bpf::object::Object;
@@ -237,6 +237,16 @@ impl Probe {
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
         sources.flows = counting.flows;
+        sources.misses = Misses {
+            // Asked of a loaded program: the kernel says by what it fills in.
+            runs: ebpf.programs().any(|(_, program)| {
+                use std::os::fd::AsFd as _;
+                program.fd().is_ok_and(|fd| {
+                    crate::bpf::missed::recursion_misses(fd.as_fd()).is_ok_and(|r| r.is_some())
+                })
+            }),
+            kprobes: kernel.kprobe_link_missed.is_some() && kprobes.all_linked(),
+        };
         match (&sources.ring, counting.occupancy) {
             (_, Occupancy::Off) => {
                 sources.ring = Ring::Unavailable(counting.occupancy_off.to_owned());
@@ -319,6 +329,7 @@ impl Probe {
             .programs()
             .filter_map(|(name, program)| {
                 let runs = crate::bpf::missed::recursion_misses(program.fd().ok()?.as_fd()).ok()?;
+                // `None`: this kernel does not count them, which the views say.
                 let kprobe = kprobes.get(name).copied();
                 Some(ProgramMissed {
                     program: name.to_owned(),
