@@ -11,7 +11,7 @@ use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::probe::{Counting, Occupancy};
 use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::watcher::Watcher;
-use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::kernel::{KernelInfo, Unsupported};
 
 /// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
 pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
@@ -94,15 +94,24 @@ pub(crate) fn main() -> std::process::ExitCode {
         }
         tap_probe_observer::os::signals::exit(why);
     }
+    // A kernel tap-probe cannot run on at all is the kernel's problem, as a bad spec is
+    // check's: exit status 2, as for bad input, and one line naming what it lacks.
+    let code = |err: &anyhow::Error| {
+        if Unsupported::in_error(err).is_some() {
+            std::process::ExitCode::from(2)
+        } else {
+            std::process::ExitCode::FAILURE
+        }
+    };
     match result {
         Ok(code) => code,
         Err(err) if service => {
             log::error!("error: {err:#}");
-            std::process::ExitCode::FAILURE
+            code(&err)
         }
         Err(err) => {
             eprintln!("tap-probe: error: {err:#}");
-            std::process::ExitCode::FAILURE
+            code(&err)
         }
     }
 }
@@ -118,7 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Watch(args) => crate::cmd::watch::run(&args).map(success),
         Command::Serve(args) => crate::cmd::serve::run(&args).map(success),
         Command::Demo(args) => crate::cmd::demo::run(&args).map(success),
-        Command::Doctor(args) => crate::cmd::doctor::run(&args).map(success),
+        Command::Doctor(args) => crate::cmd::doctor::run(&args),
         Command::Load(args) => crate::cmd::load::run(&args).map(success),
         Command::Record(args) => crate::cmd::record::run(&args).map(success),
         Command::Replay(args) => crate::cmd::replay::run(&args).map(success),

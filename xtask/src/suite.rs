@@ -59,8 +59,20 @@ const PRIVILEGED_FEATURE: &str = "privileged-tests";
 ///   system call filter, the alert rules and the dashboard against a Prometheus server)
 ///   with host tools a guest does not carry (`setpriv`, `strace`, `systemd-analyze`,
 ///   `prometheus`). What they see of the kernel, the other privileged targets check in every
-///   guest; the static binary's own run in a guest is stage `dist`.
-const HOST_ONLY: &[&str] = &["stop", "record_robustness", "watch_tty", "fleet", "service"];
+///   guest; the static binary's own run in a guest is stage `dist`;
+/// - `unsupported` hides the kernel's BTF or its tun/tap symbols from one command in a mount
+///   namespace of its own: what a kernel lacking them gets is tap-probe's own doing;
+/// - `vm_kernels` boots guests of its own (a kernel package, a kernel build, each from an
+///   empty cache), which a guest cannot.
+const HOST_ONLY: &[&str] = &[
+    "stop",
+    "record_robustness",
+    "watch_tty",
+    "fleet",
+    "service",
+    "unsupported",
+    "vm_kernels",
+];
 
 /// The libraries whose unit tests hold `privileged_tests` and `kernel_tests` modules, by
 /// target name: cargo names a lib target after its crate, with underscores (the label of
