@@ -400,6 +400,12 @@ fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
     if !lab::root() {
         return None;
     }
+    if cfg.slow_peer_ns.is_some()
+        && let Some(why) = lab::SlowConsumer::unavailable()
+    {
+        eprintln!("skipping test - {why}");
+        return None;
+    }
     let mut checks = Checks::new();
     // A run where the kernel skipped runs of every backend's programs (a softirq's free
     // nested in a process-context one) has no exact count to check: it is run again, and

@@ -198,6 +198,20 @@ pub(crate) fn watchers(
     all
 }
 
+/// Why `watcher` samples no ring, as its sources say it, when it samples none: where the
+/// kernel says nowhere where tun keeps its ring (no BTF for tun), a test says which of its
+/// checks it could not make, in a line `cargo xtask test` lists (once per test).
+pub(crate) fn ring_unsampled(watcher: &Watcher, said: &mut bool) -> bool {
+    let sources = watcher.sources();
+    if sources.ring_sampled() {
+        return false;
+    }
+    if !std::mem::replace(said, true) {
+        eprintln!("skipping ring occupancy - {}", sources.ring);
+    }
+    true
+}
+
 /// What a test that holds another process's programs to the kernel's count of their skipped
 /// runs needs: a kernel that counts them (`recursion_misses`, Linux 5.12+; every kernel those
 /// tests run on).
