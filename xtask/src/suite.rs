@@ -81,6 +81,7 @@ const HOST_ONLY: &[&str] = &[
 /// `expected.rs`); the others would show nothing there that the kernel at the end does not
 /// show, and the emulated guests are what a test run waits for. `cargo xtask vm --kernel`
 /// runs every test on any kernel.
+#[derive(Debug)]
 pub(crate) struct Subset {
     /// The guest's name in the matrix.
     pub(crate) guest: &'static str,
@@ -151,18 +152,19 @@ pub(crate) const SUBSETS: &[Subset] = &[
     },
 ];
 
-/// Whether the guest of the matrix named `guest` runs `test` of the target labelled
-/// `label`: every guest but those of [`SUBSETS`] runs every kernel-dependent test.
-pub(crate) fn runs_in(guest: &str, label: &str, test: &str) -> bool {
-    SUBSETS
-        .iter()
-        .find(|subset| subset.guest == guest)
-        .is_none_or(|subset| {
-            subset.runs.iter().any(|run| match run.split_once("::") {
-                Some((target, name)) => target == label && name == test,
-                None => *run == label,
-            })
+impl Subset {
+    /// The subset of the matrix's guest called `guest`, if it runs one.
+    pub(crate) fn of(guest: &str) -> Option<&'static Self> {
+        SUBSETS.iter().find(|subset| subset.guest == guest)
+    }
+
+    /// Whether it runs `test` of the target labelled `label`.
+    pub(crate) fn runs(&self, label: &str, test: &str) -> bool {
+        self.runs.iter().any(|run| match run.split_once("::") {
+            Some((target, name)) => target == label && name == test,
+            None => *run == label,
         })
+    }
 }
 
 /// The libraries whose unit tests hold `privileged_tests` and `kernel_tests` modules, by
@@ -397,40 +399,19 @@ mod tests {
     /// A subset names targets whole or tests of them; other guests run everything.
     #[test]
     fn a_subset_runs_what_it_names() {
-        assert!(runs_in(
-            "debian-6.1",
-            "exactness",
-            "tap_noqueue_counters_match_kernel"
-        ));
-        assert!(!runs_in(
-            "debian-6.1",
+        let subset = Subset::of("debian-6.1").expect("6.1 runs a subset");
+        assert!(subset.runs("exactness", "tap_noqueue_counters_match_kernel"));
+        assert!(!subset.runs(
             "churn",
             "watch_survives_churn_beyond_its_tables_and_stays_exact"
         ));
-        assert!(runs_in(
-            "debian-6.1",
-            "watch_cli",
-            "json_lines_carry_every_field"
-        ));
-        assert!(!runs_in(
-            "debian-6.1",
-            "watch_cli",
-            "unmatched_glob_is_an_error_that_lists_devices"
-        ));
-        assert!(runs_in(
-            "debian-5.10",
-            "churn",
-            "watch_survives_churn_beyond_its_tables_and_stays_exact"
-        ));
-        assert!(runs_in(
-            "/some/bzImage",
-            "watch_cli",
-            "unmatched_glob_is_an_error_that_lists_devices"
-        ));
+        assert!(subset.runs("watch_cli", "json_lines_carry_every_field"));
+        assert!(!subset.runs("watch_cli", "unmatched_glob_is_an_error_that_lists_devices"));
+        assert!(Subset::of("debian-5.10").is_none());
         for subset in SUBSETS {
             assert_ne!(subset.guest, subset.like);
             assert!(
-                !SUBSETS.iter().any(|s| s.guest == subset.like),
+                Subset::of(subset.like).is_none(),
                 "{} runs all",
                 subset.like
             );

@@ -211,6 +211,7 @@ fn guest_stages<'a>() -> [Stage<Guests<'a>>; 2] {
                     kernel: KernelSpec::Debian(Series::Debian6_1),
                     modules: Vec::new(),
                     modules_dir: None,
+                    subset: None,
                 })
             },
         },

@@ -20,7 +20,7 @@ use tap_probe_guest::{AccelChoice, Image, Kernel, KernelSpec, Launcher, Series, 
 use crate::cmd;
 use crate::expected::Expected;
 use crate::output::{self, Output};
-use crate::suite::{self, Suite};
+use crate::suite::{self, Subset, Suite};
 
 /// Host tools (copied in with their libraries) the tests run: some lib tests check the
 /// rtnetlink code against `ip -j` and `tc -j`, which busybox's applets cannot print, and a
@@ -84,6 +84,9 @@ pub(crate) struct Guest {
     pub modules: Vec<PathBuf>,
     /// With a bzImage: its modules.
     pub modules_dir: Option<PathBuf>,
+    /// For some guests of the matrix: the tests it runs, of those that depend on the
+    /// kernel (all of them without).
+    pub subset: Option<&'static Subset>,
 }
 
 /// Runs `cargo xtask vm`.
@@ -103,6 +106,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 kernel: kernel.clone(),
                 modules: args.modules.clone(),
                 modules_dir: args.modules_dir.clone(),
+                subset: None,
             })
             .collect()
     };
@@ -163,6 +167,7 @@ pub(crate) fn matrix() -> anyhow::Result<Vec<Guest>> {
         kernel: KernelSpec::Debian(series),
         modules,
         modules_dir: None,
+        subset: Subset::of(name),
     };
     Ok(vec![
         guest("debian-5.10", Series::Debian5_10, Vec::new()),
@@ -349,7 +354,7 @@ fn run_all(
     let started = Instant::now();
     let payloads = guests
         .iter()
-        .map(|guest| Payload::select(suite, &options.passthrough, &guest.name))
+        .map(|guest| Payload::select(suite, &options.passthrough, guest.subset))
         .collect::<anyhow::Result<Vec<_>>>()?;
     if payloads.iter().all(|payload| payload.runs.is_empty()) {
         bail!(
@@ -364,7 +369,7 @@ fn run_all(
             eprintln!("xtask vm: {} runs none of the selected tests", guest.name);
             continue;
         }
-        if let Some(subset) = suite::SUBSETS.iter().find(|s| s.guest == guest.name) {
+        if let Some(subset) = guest.subset {
             eprintln!(
                 "xtask vm: {} runs the tests whose outcome can differ from {}'s, as its kernel \
                  has otherwise: {}",
@@ -618,9 +623,13 @@ struct Payload {
 }
 
 impl Payload {
-    /// What the guest called `guest` runs: of what `passthrough` selects, the tests that
-    /// depend on the kernel and that the guest runs (see [`suite::SUBSETS`]).
-    fn select(suite: &Suite, passthrough: &[String], guest: &str) -> anyhow::Result<Self> {
+    /// What a guest runs: of what `passthrough` selects, the tests that depend on the
+    /// kernel, and of those its `subset`'s (see [`suite::SUBSETS`]).
+    fn select(
+        suite: &Suite,
+        passthrough: &[String],
+        subset: Option<&Subset>,
+    ) -> anyhow::Result<Self> {
         let mut runs = Vec::new();
         for (index, binary) in suite.binaries.iter().enumerate() {
             if !binary.for_guests() {
@@ -628,7 +637,7 @@ impl Payload {
             }
             let tests: Vec<String> = suite::for_guests(binary, passthrough)?
                 .into_iter()
-                .filter(|test| suite::runs_in(guest, &binary.label, test))
+                .filter(|test| subset.is_none_or(|subset| subset.runs(&binary.label, test)))
                 .collect();
             if !tests.is_empty() {
                 runs.push((index, tests));
