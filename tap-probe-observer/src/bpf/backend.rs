@@ -188,6 +188,9 @@ pub enum Consume {
     Kprobe,
     /// The `skb:consume_skb` tracepoint and its `location` argument.
     Tracepoint,
+    /// Nowhere (`auto` on a kernel with neither, see the notes): `consumed` and
+    /// `reader_sleeps` are unknown, every other counter is counted.
+    Unavailable,
 }
 
 /// Drops: the only source of the drop reason.
@@ -250,6 +253,10 @@ impl std::fmt::Display for Consume {
         f.write_str(match self {
             Self::Kprobe => "kprobe consume_skb (caller address)",
             Self::Tracepoint => "tracepoint skb:consume_skb (location)",
+            Self::Unavailable => {
+                "not counted: the consume_skb tracepoint has no location (Linux < 6.3) and \
+                 there are no kprobes"
+            }
         })
     }
 }
@@ -358,6 +365,7 @@ impl Sources {
         let consumed = match self.consumed {
             Consume::Kprobe => "kprobe",
             Consume::Tracepoint => "tracepoint",
+            Consume::Unavailable => "none",
         };
         let queue_state = match self.xmit {
             Xmit::Kprobes(_) => "kprobe+tracepoint",
@@ -536,15 +544,18 @@ pub fn attach(
             consume_tracepoint(ebpf).context("nothing can count reader takes with tracepoints")?;
             Consume::Tracepoint
         }
+        // A kernel with neither loses the reader's takes alone.
         Backend::Auto => match consume_tracepoint(ebpf) {
             Ok(()) => Consume::Tracepoint,
             Err(err) => {
                 notes.push(format!("consume tracepoint: {err:#}"));
-                consume_kprobe(ebpf, kprobes).context(
-                    "nothing can count reader takes here: the consume_skb kprobe does not \
-                     attach either",
-                )?;
-                Consume::Kprobe
+                match consume_kprobe(ebpf, kprobes) {
+                    Ok(()) => Consume::Kprobe,
+                    Err(err) => {
+                        notes.push(format!("consume kprobe: {err:#}"));
+                        Consume::Unavailable
+                    }
+                }
             }
         },
     };

@@ -201,9 +201,9 @@ impl KernelInfo {
             release: release(),
             facts,
             reader_ranges,
-            consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)?
-                .len()
-                >= 2,
+            // Without the tracepoint's typedef in BTF, nothing can be known of its location.
+            consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)
+                .is_ok_and(|args| args.len() >= 2),
             drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)),
             kallsyms,
             wake_ranges,

@@ -239,6 +239,7 @@ pub(crate) mod tests {
             occupancy: None,
             backpressure: Some(false),
             wake_sources: true,
+            reader_takes: true,
             flows: true,
             drop_reasons: BTreeMap::new(),
             kernel: KernelDeltas {
@@ -303,6 +304,7 @@ pub(crate) mod tests {
             }),
             backpressure: Some(true),
             wake_sources: true,
+            reader_takes: true,
             flows: true,
             drop_reasons: [("xmit_error".to_owned(), 3)].into(),
             kernel: KernelDeltas {
