@@ -171,7 +171,7 @@ fn drop_path(dev: u64, skb: u64) -> u32 {
     if driver::<Probed>(dev).is_none_or(|flags| flags & DEVICE_TUN == 0) {
         return DROP_REASON_UNCLASSIFIED;
     }
-    // SAFETY: per-CPU; written at the call's start.
+    // This CPU's, written at the call's start.
     let before = IN_FLIGHT_MARKS.get(0).copied().unwrap_or(0);
     let now = marks::<Typed>(skb);
     if before & !now != 0 {
