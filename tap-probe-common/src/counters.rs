@@ -50,6 +50,9 @@ pub enum Requires {
     Nothing,
     /// Who woke the queue: the kprobe on `netif_tx_wake_queue` and its caller's stack.
     WakeSources,
+    /// Reader takes: the `consume_skb` tracepoint's `location` (Linux 6.3+) or a kprobe on
+    /// `consume_skb`; a kernel with neither counts every other value all the same.
+    ReaderTakes,
     /// A tun or tap device: the value describes what only those have.
     Tun,
     /// A tun or tap whose `ptr_ring` the programs can find (offsets from BTF).
@@ -438,6 +441,7 @@ queue_metrics! {
         store: PerCpu,
         unit: Packets,
         event: Consumed,
+        requires: ReaderTakes,
         column: "CONSUMED",
         prometheus: "consumed_total",
         help: "packets the reader (a VM's QEMU or vhost-net, a veth's peer) took out of the ring.",
@@ -564,6 +568,7 @@ queue_metrics! {
         hook: Consumed,
         store: PerCpu,
         unit: Events,
+        requires: ReaderTakes,
         column: "SLEEPS",
         prometheus: "reader_sleeps_total",
         help: "times the queue's reader slept between two packets it took.",
@@ -574,7 +579,7 @@ queue_metrics! {
         kind: Kind::Derived,
         unit: Unit::PerPacket,
         source: Source::Counters(wakeups_per_packet),
-        requires: Requires::Nothing,
+        requires: Requires::ReaderTakes,
         column: None,
         prometheus: None,
         export: Export::Detail,

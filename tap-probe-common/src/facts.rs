@@ -108,6 +108,42 @@ pub struct PacketFacts {
     pub reserved: u32,
 }
 
+/// How the programs tell a full ring from the driver's other drops ([`KernelFacts::drop_class`]).
+#[repr(u32)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DropClass {
+    /// The `reason` argument of `kfree_skb` (`enum skb_drop_reason`, Linux 5.17+) and its
+    /// `SKB_DROP_REASON_FULL_RING`, which tun gives a full ring.
+    Reason = 1,
+    /// The driver call's path, where the kernel gives no full-ring reason: `tun_net_xmit`
+    /// orphans the packet (`skb_orphan`: `destructor` cleared) and drops its conntrack
+    /// reference (`nf_reset_ct`: `_nfct` cleared) after its last other reason to drop and
+    /// right before `ptr_ring_produce`. A packet that lost either during the call was
+    /// dropped by the ring; one that kept both was dropped before it; one that had neither
+    /// when the call began cannot be told.
+    Path = 2,
+}
+
+impl DropClass {
+    #[must_use]
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Self::Reason,
+            2 => Self::Path,
+            _ => return None,
+        })
+    }
+}
+
+/// Pseudo drop reason, [`DropClass::Path`]: the packet kept its owner or conntrack reference
+/// through the driver call, so the driver dropped it before its ring (no queue attached, a
+/// filter, no memory).
+pub const DROP_REASON_BEFORE_RING: u32 = u32::MAX - 1;
+/// Pseudo drop reason, [`DropClass::Path`]: the packet had neither an owner nor a conntrack
+/// reference when the driver call began (forwarded, bridged), so where the driver dropped
+/// it cannot be told.
+pub const DROP_REASON_UNCLASSIFIED: u32 = u32::MAX - 2;
+
 /// What the programs need to know about the running kernel, read from its BTF and kallsyms
 /// by the loader and written into the object's `.rodata` before load. Nothing here is a
 /// constant of one kernel version.
@@ -138,7 +174,7 @@ pub struct KernelFacts {
     pub txq_state: u32,
     /// `offsetof(struct netdev_queue, dev)`.
     pub txq_dev: u32,
-    /// `SKB_DROP_REASON_FULL_RING`.
+    /// `SKB_DROP_REASON_FULL_RING`; 0 where drops are classified by their path.
     pub reason_full_ring: u32,
     /// `NETDEV_TX_BUSY`.
     pub tx_busy: u32,
@@ -152,6 +188,17 @@ pub struct KernelFacts {
     pub driver_count: u32,
     /// Number of valid entries in `wake_ranges`.
     pub wake_range_count: u32,
+    /// A [`DropClass`] value.
+    pub drop_class: u32,
+    /// `offsetof(struct sk_buff, destructor)`: cleared by `skb_orphan` (see
+    /// [`DropClass::Path`]).
+    pub skb_destructor: u32,
+    /// `offsetof(struct sk_buff, _nfct)`, cleared by `nf_reset_ct`; 0 where the kernel has
+    /// no conntrack (offset 0 is `next`, never this field).
+    pub skb_nfct: u32,
+    /// 1 where the kernel has `bpf_get_current_task_btf` (Linux 5.11+), whose task the
+    /// verifier types; 0: `bpf_get_current_task` and a probe read.
+    pub task_btf: u32,
     pub reserved: u32,
     /// The drivers whose devices are counted, recognised by their transmit function.
     pub drivers: [Driver; MAX_DRIVERS],

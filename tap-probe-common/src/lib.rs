@@ -30,7 +30,10 @@ pub use events::{
     EVENTS_PER_WAKEUP, EVENTS_RING_BYTES, EVENTS_RING_MIN_BYTES, EVENTS_RING_TEMPLATE_BYTES,
     EventKind, TraceEvent,
 };
-pub use facts::{Driver, KernelFacts, PacketFacts, RingFacts, TextRange, WakeClass, WakeRange};
+pub use facts::{
+    DROP_REASON_BEFORE_RING, DROP_REASON_UNCLASSIFIED, Driver, DropClass, KernelFacts, PacketFacts,
+    RingFacts, TextRange, WakeClass, WakeRange,
+};
 pub use maps::*;
 pub use names::*;
 

@@ -2,7 +2,7 @@
 //! and how often that reader slept between takes.
 
 use aya_ebpf::{
-    helpers::generated::bpf_get_current_task_btf,
+    helpers::generated::{bpf_get_current_task, bpf_get_current_task_btf},
     macros::{btf_tracepoint, kprobe},
     programs::{BtfTracePointContext, ProbeContext},
 };
@@ -47,10 +47,17 @@ fn freed_after_use<M: Mem>(skb: u64, location: u64) {
 /// other's baseline, so sleeps are then undercounted, never invented.
 #[inline(always)]
 fn reader_sleeps_since_last_take(slot: u32) -> u64 {
-    // The running task: its address names the thread (one helper call fewer than the tid),
-    // and the verifier knows its type, so `nvcsw` is a plain load.
-    let task = unsafe { bpf_get_current_task_btf() } as u64;
-    let Some(nvcsw) = Typed::read::<u64>(task, fact!(task_nvcsw)) else {
+    // The running task: its address names the thread (one helper call fewer than the tid).
+    // Where the kernel types it (5.11+) `nvcsw` is a plain load; before, a probe read. The
+    // verifier reads `task_btf` as a constant and never sees the helper a kernel lacks.
+    let (task, nvcsw) = if fact!(task_btf) != 0 {
+        let task = unsafe { bpf_get_current_task_btf() } as u64;
+        (task, Typed::read::<u64>(task, fact!(task_nvcsw)))
+    } else {
+        let task = unsafe { bpf_get_current_task() };
+        (task, Probed::read::<u64>(task, fact!(task_nvcsw)))
+    };
+    let Some(nvcsw) = nvcsw else {
         return 0;
     };
     let Some(s) = shared(slot) else {

@@ -108,6 +108,10 @@ pub(crate) fn locate<M: Mem>(dev: u64, queue: u16) -> Option<At> {
 /// at once (`None`). Through the probe helper (a kprobe, on a driver's own function) the
 /// cache goes first, and a hit is checked by its ifindex alone: `Some(None)`.
 #[inline(always)]
+#[expect(
+    clippy::option_option,
+    reason = "not a counted device, or flags not read yet: what `?` and `lookup` take"
+)]
 fn recognised<M: Mem>(dev: u64) -> Option<Option<u32>> {
     if M::CHEAP {
         Some(Some(driver::<M>(dev)?))
@@ -123,14 +127,14 @@ fn lookup<M: Mem>(dev: u64, queue: u16, driver_flags: Option<u32>) -> Option<At>
     let ifindex: u32 = M::read(dev, fact!(dev_ifindex))?;
     let index = ifindex.wrapping_add(u32::from(queue)) & (QUEUE_CACHE_ENTRIES - 1);
     let cache = QUEUE_CACHE.get_ptr_mut(index)?;
-    let cached = load(cache);
+    let c = load(cache);
     let net: u64 = if M::CHEAP {
         M::read(dev, fact!(dev_net))?
     } else {
         0
     };
-    if let Some(c) = cached
-        && c.dev == dev
+    if c.dev == dev
+        && dev != 0
         && c.generation == generation
         && c.key.ifindex == ifindex
         && c.queue == u32::from(queue)
@@ -230,13 +234,11 @@ fn register_device(key: DeviceKey, driver_flags: u32) -> Option<u32> {
     }
     // Another CPU registered it first, or the map is full.
     // SAFETY: copied out at once.
-    match unsafe { DEVICES.get(key) }.copied() {
-        Some(d) => Some(d.flags),
-        None => {
-            bump(&NO_ROOM);
-            None
-        }
+    let found = unsafe { DEVICES.get(key) }.map(|d| d.flags);
+    if found.is_none() {
+        bump(&NO_ROOM);
     }
+    found
 }
 
 /// Registers a queue of a device in `DEVICES` in a spare slot, at its first packet: `None`
@@ -272,7 +274,9 @@ fn bump(map: &PerCpuArray<u64>) {
     }
 }
 
-/// This CPU's cache entry, if it is whole.
+/// This CPU's cache entry, with `dev` 0 (no device's) unless it is whole. Not an `Option`:
+/// the compiler may read the fields of a `None` before it checks, and before Linux 5.12 the
+/// verifier refuses any read of stack that was never written.
 ///
 /// The programs that share it run in process context (`consume_skb` of a reader's
 /// `read()`) and in softirq (a transmit), so one can interrupt another mid-update, though
@@ -281,7 +285,7 @@ fn bump(map: &PerCpuArray<u64>) {
 /// last. Whatever interrupts either one runs to its end before it goes on, so a torn
 /// entry, or a torn copy of one, has a seal that does not match and is refilled.
 #[inline(always)]
-fn load(cache: *const QueueCache) -> Option<QueueCache> {
+fn load(cache: *const QueueCache) -> QueueCache {
     use core::ptr::{addr_of, read_volatile};
     // SAFETY: `cache` is this CPU's map value; volatile keeps the reads in this order.
     unsafe {
@@ -299,8 +303,10 @@ fn load(cache: *const QueueCache) -> Option<QueueCache> {
         entry.generation = read_volatile(addr_of!((*cache).generation));
         entry.sealed_dev = sealed_dev;
         entry.sealed_generation = sealed_generation;
-        (entry.dev == sealed_dev && entry.generation == sealed_generation && entry.dev != 0)
-            .then_some(entry)
+        if entry.dev != sealed_dev || entry.generation != sealed_generation {
+            entry.dev = 0;
+        }
+        entry
     }
 }
 

@@ -8,7 +8,10 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, ProbeContext, RetProbeContext},
 };
 use aya_log_ebpf::debug;
-use tap_probe_common::{DROP_REASON_XMIT_ERROR, EventKind, InFlight};
+use tap_probe_common::{
+    DEVICE_TUN, DROP_REASON_BEFORE_RING, DROP_REASON_UNCLASSIFIED, DROP_REASON_XMIT_ERROR,
+    DropClass, EventKind, InFlight,
+};
 
 use crate::clock::Clock;
 use crate::device::{At, locate_skb, txq_state};
@@ -20,6 +23,31 @@ use crate::storage::{add, count_reason, per_cpu, shared};
 /// The driver call in flight on this CPU, between its start and its end.
 #[map]
 static IN_FLIGHT: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where drops are told by their path ([`DropClass::Path`]): what the packet of the call
+/// in flight on this CPU carried when the call began, [`OWNED`] and [`TRACKED`].
+#[map]
+static IN_FLIGHT_MARKS: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// The packet had an owner (`skb->destructor`), which `skb_orphan` clears.
+const OWNED: u32 = 1;
+/// The packet had a conntrack reference (`skb->_nfct`), which `nf_reset_ct` clears.
+const TRACKED: u32 = 2;
+
+/// What of [`OWNED`] and [`TRACKED`] the packet at `skb` carries now.
+#[inline(always)]
+fn marks<M: Mem>(skb: u64) -> u32 {
+    let owned = M::read::<u64>(skb, fact!(skb_destructor)).is_some_and(|d| d != 0);
+    let nfct = fact!(skb_nfct);
+    let tracked = nfct != 0 && M::read::<u64>(skb, nfct).is_some_and(|ct| ct != 0);
+    (u32::from(owned) * OWNED) | (u32::from(tracked) * TRACKED)
+}
+
+/// Whether drops are told apart by their path (the kernel gives no full-ring reason).
+#[inline(always)]
+fn by_path() -> bool {
+    fact!(drop_class) == DropClass::Path as u32
+}
 
 /// A driver call begins: remember it for this CPU. False when the device is not counted.
 #[inline(always)]
@@ -49,6 +77,12 @@ fn xmit_begin<M: Mem, C: EbpfContext>(ctx: &C, skb: u64, dev: u64) -> bool {
             flags: at.flags,
             reserved: 0,
         };
+    }
+    if by_path()
+        && let Some(m) = IN_FLIGHT_MARKS.get_ptr_mut(0)
+    {
+        // SAFETY: per-CPU, as IN_FLIGHT.
+        unsafe { *m = marks::<M>(skb) };
     }
     crate::requeue::driver_call(at.slot, skb);
     crate::reorder::driver_call::<M>(skb, at.key);
@@ -82,8 +116,9 @@ pub(crate) fn xmit_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `kfree_skb(skb, location, reason, ...)`: a drop; it is the driver's when it frees the skb
-/// of the call in flight on this CPU (`tun_net_xmit`'s `drop:` label, `drivers/net/tun.c`).
+/// `kfree_skb(skb, location, reason, ...)` (`(skb, location)` before Linux 5.17): a drop; it
+/// is the driver's when it frees the skb of the call in flight on this CPU (`tun_net_xmit`'s
+/// `drop:` label, `drivers/net/tun.c`).
 #[btf_tracepoint(function = "kfree_skb")]
 #[inline(always)]
 pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
@@ -96,8 +131,14 @@ pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     if f.skb != skb || skb == 0 {
         return 0;
     }
-    // `enum skb_drop_reason`.
-    let reason: u32 = ctx.arg(2);
+    // The verifier reads `drop_class` as a constant and never sees the other branch: the
+    // reason argument does not exist where drops are told by their path.
+    let reason = if by_path() {
+        drop_path(f.flags, skb)
+    } else {
+        // `enum skb_drop_reason`.
+        ctx.arg(2)
+    };
     f.dropped = 1;
     let at = At {
         key: f.key,
@@ -121,6 +162,28 @@ pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
         record(at, EventKind::DroppedOther, reason);
     }
     0
+}
+
+/// Where the driver dropped the packet at `skb` of the call in flight on this CPU, told by
+/// what it lost during the call ([`DropClass::Path`]) on a device whose `flags` say it is a tun/tap, as the reason the program counts:
+/// `reason_full_ring` (0) where it lost an owner or conntrack reference it had (tun's last
+/// steps before its ring), else a pseudo reason. Only tun/tap's path is known.
+#[inline(always)]
+fn drop_path(flags: u32, skb: u64) -> u32 {
+    // The device's flags, as the call's start found them (`DeviceEntry::flags`).
+    if flags & DEVICE_TUN == 0 {
+        return DROP_REASON_UNCLASSIFIED;
+    }
+    // This CPU's, written at the call's start.
+    let before = IN_FLIGHT_MARKS.get(0).copied().unwrap_or(0);
+    let now = marks::<Typed>(skb);
+    if before & !now != 0 {
+        fact!(reason_full_ring)
+    } else if before != 0 {
+        DROP_REASON_BEFORE_RING
+    } else {
+        DROP_REASON_UNCLASSIFIED
+    }
 }
 
 /// The driver returned `rc` for the call in flight on this CPU, on the device at `dev`

@@ -24,6 +24,9 @@ pub enum Channel {
     Stable,
     /// sid and experimental, from the host's main archive.
     Unstable,
+    /// Debian 11 (bullseye) and its security suite, from the host's main and security
+    /// archives: Linux 5.10.
+    Bullseye,
 }
 
 impl Channel {
@@ -31,6 +34,7 @@ impl Channel {
         match self {
             Self::Stable => "stable",
             Self::Unstable => "unstable",
+            Self::Bullseye => "bullseye",
         }
     }
 }
@@ -277,7 +281,8 @@ fn os_codename() -> Option<String> {
 
 /// The channel's sources list, from the host's deb822 `sources` text: for `Stable` a copy
 /// of every Debian entry; for `Unstable` sid and experimental from the entry that carries
-/// the host's own release (`codename`), i.e. the main archive.
+/// the host's own release (`codename`), i.e. the main archive; for `Bullseye` bullseye from
+/// that entry and bullseye-security from the one that carries `<codename>-security`.
 fn sources_list(host: &str, codename: &str, channel: Channel) -> Option<String> {
     let mut out = String::new();
     for stanza in host.split("\n\n") {
@@ -311,17 +316,32 @@ fn sources_list(host: &str, codename: &str, channel: Channel) -> Option<String> 
                         }
                     }
                 }
+                Channel::Bullseye => {
+                    let security = format!("{codename}-security");
+                    for suite in suites.split_whitespace() {
+                        let other = if suite == codename {
+                            "bullseye"
+                        } else if suite == security {
+                            "bullseye-security"
+                        } else {
+                            continue;
+                        };
+                        let _ = writeln!(out, "deb [signed-by={keyring}] {uri} {other} main");
+                    }
+                }
             }
         }
     }
     (!out.is_empty()).then_some(out)
 }
 
-/// Unpacks the `.deb` at `deb` into `dir` (`dpkg-deb -x`: files only, no scripts run).
+/// Unpacks the `.deb` at `deb` into `dir` (`dpkg-deb -x`: files only, no scripts run),
+/// creating `dir` and its parents first: dpkg-deb makes only the last component.
 ///
 /// # Errors
-/// If dpkg-deb fails.
+/// If `dir` cannot be created or dpkg-deb fails.
 pub fn unpack(deb: &Path, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     cmd::run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(dir))
 }
 
@@ -461,6 +481,19 @@ mod tests {
         assert_eq!(
             sources_list("Types: deb\n", "bookworm", Channel::Stable),
             None
+        );
+    }
+
+    #[test]
+    fn the_bullseye_channel_takes_the_main_and_security_archives() {
+        let list = sources_list(HOST, "bookworm", Channel::Bullseye).expect("entries");
+        let key = "[signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]";
+        assert_eq!(
+            list,
+            format!(
+                "deb {key} http://deb.debian.org/debian bullseye main\n\
+                 deb {key} http://deb.debian.org/debian-security bullseye-security main\n"
+            )
         );
     }
 

@@ -19,6 +19,9 @@ use crate::elf;
 /// A Debian cloud kernel series this knows how to find.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Series {
+    /// Debian 11's kernel (bullseye, with bullseye-security): Linux 5.10, which predates
+    /// the drop reasons (5.17) and the programs' `recursion_misses` (5.12).
+    Debian5_10,
     /// Debian 12's own kernel (bookworm).
     Debian6_1,
     /// Debian 12's backported LTS kernel (bookworm-security).
@@ -29,11 +32,17 @@ pub enum Series {
 }
 
 impl Series {
-    pub const ALL: [Self; 3] = [Self::Debian6_1, Self::Debian6_12, Self::Debian7_3];
+    pub const ALL: [Self; 4] = [
+        Self::Debian5_10,
+        Self::Debian6_1,
+        Self::Debian6_12,
+        Self::Debian7_3,
+    ];
 
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
+            Self::Debian5_10 => "debian-5.10",
             Self::Debian6_1 => "debian-6.1",
             Self::Debian6_12 => "debian-6.12",
             Self::Debian7_3 => "debian-7.3",
@@ -195,25 +204,26 @@ fn debian(series: Series, cache: &Path) -> anyhow::Result<Kernel> {
     open_tree(&dir, &format!("{} ({image} {version})", series.name()))
 }
 
+/// The packages of `series`' newest kernel (the image's first) as Debian ships them, kept in
+/// `cache`'s `packages` directory: what `--kernel FILE.deb` takes.
+///
+/// # Errors
+/// If apt cannot find or download them.
+pub fn download(series: Series, cache: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let packages = packages(series, &cache.join("apt"))?;
+    let dir = cache.join("packages");
+    packages
+        .debs
+        .iter()
+        .map(|(package, version)| packages.apt.download(package, version, &dir))
+        .collect()
+}
+
 /// The packages of `series`' newest kernel: the image's first.
 fn packages(series: Series, apt_dir: &Path) -> anyhow::Result<Packages> {
     match series {
-        Series::Debian6_1 => {
-            // The metapackage's newest version depends on the newest 6.1 ABI's image, at the
-            // same version.
-            let apt = Apt::open(apt_dir, Channel::Stable)?;
-            let (meta, version) = apt.newest("linux-image-cloud-amd64", str::is_empty)?;
-            let image = apt
-                .depends(&meta, &version)
-                .into_iter()
-                .find(|name| name.starts_with("linux-image-6.1.") && name.ends_with("-cloud-amd64"))
-                .with_context(|| format!("{meta} {version} depends on no 6.1 kernel image"))?;
-            apt.require(&image, &version)?;
-            Ok(Packages {
-                apt,
-                debs: vec![(image, version)],
-            })
-        }
+        Series::Debian5_10 => release_kernel(Apt::open(apt_dir, Channel::Bullseye)?, "5.10"),
+        Series::Debian6_1 => release_kernel(Apt::open(apt_dir, Channel::Stable)?, "6.1"),
         Series::Debian6_12 => {
             let apt = Apt::open(apt_dir, Channel::Stable)?;
             let (image, version) = apt.newest("linux-image-6.12.", |rest| {
@@ -255,6 +265,24 @@ fn packages(series: Series, apt_dir: &Path) -> anyhow::Result<Packages> {
     }
 }
 
+/// A Debian release's own kernel series `upstream` (`6.1` in bookworm, `5.10` in bullseye):
+/// the cloud metapackage's newest version depends on the newest ABI's image, at the same
+/// version.
+fn release_kernel(apt: Apt, upstream: &str) -> anyhow::Result<Packages> {
+    let (meta, version) = apt.newest("linux-image-cloud-amd64", str::is_empty)?;
+    let prefix = format!("linux-image-{upstream}.");
+    let image = apt
+        .depends(&meta, &version)
+        .into_iter()
+        .find(|name| name.starts_with(&prefix) && name.ends_with("-cloud-amd64"))
+        .with_context(|| format!("{meta} {version} depends on no {upstream} kernel image"))?;
+    apt.require(&image, &version)?;
+    Ok(Packages {
+        apt,
+        debs: vec![(image, version)],
+    })
+}
+
 /// The ABI of a 6.12 cloud image package name: `6.12.118+deb12` of
 /// `linux-image-6.12.118+deb12-cloud-amd64-unsigned`.
 #[must_use]
@@ -270,6 +298,7 @@ pub fn debian_6_12_abi(name: &str) -> Option<&str> {
 /// The newest complete unpacked kernel of `series` in `dir`.
 fn newest_cached(series: Series, dir: &Path) -> Option<PathBuf> {
     let prefix = match series {
+        Series::Debian5_10 => "linux-image-5.10.0-",
         Series::Debian6_1 => "linux-image-6.1.0-",
         Series::Debian6_12 => "linux-image-6.12.",
         Series::Debian7_3 => "linux-binary-7.3-",
@@ -299,11 +328,18 @@ fn unpack_cached(deb: &Path, cache: &Path) -> anyhow::Result<PathBuf> {
         .file_stem()
         .and_then(|stem| stem.to_str())
         .context("a .deb path without a file name")?;
-    let dir = cache.join("debs").join(format!("{name}-{size}"));
+    let debs = cache.join("debs");
+    let dir = debs.join(format!("{name}-{size}"));
     if !dir.join(COMPLETE).exists() {
+        // Unpacked aside and moved in whole, as a series' packages are: a run that died
+        // half way leaves no tree that looks complete.
+        let staging = debs.join(format!("{name}-{size}.partial"));
+        remove_dir_if_exists(&staging)?;
+        apt::unpack(deb, &staging)?;
+        std::fs::write(staging.join(COMPLETE), "")?;
         remove_dir_if_exists(&dir)?;
-        apt::unpack(deb, &dir)?;
-        std::fs::write(dir.join(COMPLETE), "")?;
+        std::fs::rename(&staging, &dir)
+            .with_context(|| format!("moving {} to {}", staging.display(), dir.display()))?;
     }
     Ok(dir)
 }
@@ -612,8 +648,15 @@ mod tests {
             "debian-7.3".parse::<KernelSpec>(),
             Ok(KernelSpec::Debian(Series::Debian7_3))
         );
-        let err = "debian-5.10".parse::<KernelSpec>().unwrap_err();
-        assert!(err.contains("debian-6.1, debian-6.12, debian-7.3"), "{err}");
+        assert_eq!(
+            "debian-5.10".parse::<KernelSpec>(),
+            Ok(KernelSpec::Debian(Series::Debian5_10))
+        );
+        let err = "debian-4.19".parse::<KernelSpec>().unwrap_err();
+        assert!(
+            err.contains("debian-5.10, debian-6.1, debian-6.12, debian-7.3"),
+            "{err}"
+        );
         let err = "/nonexistent/bzImage".parse::<KernelSpec>().unwrap_err();
         assert!(err.contains("neither"), "{err}");
     }

@@ -13,7 +13,7 @@ use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::probe::{Counting, Occupancy};
 use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::watcher::Watcher;
-use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::kernel::{KernelInfo, Unsupported};
 
 /// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
 pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
@@ -106,8 +106,13 @@ pub(crate) fn main() -> std::process::ExitCode {
         }
         tap_probe_observer::os::signals::exit(why);
     }
+    // An unusable web config, or a kernel tap-probe cannot run on at all (the kernel's
+    // problem, as a bad spec is check's): exit status 2, as for bad input, and one line
+    // naming what is wrong.
     let code = |err: &anyhow::Error| {
-        if err.chain().any(<dyn std::error::Error>::is::<BadWebConfig>) {
+        if err.chain().any(<dyn std::error::Error>::is::<BadWebConfig>)
+            || Unsupported::in_error(err).is_some()
+        {
             std::process::ExitCode::from(USAGE)
         } else {
             std::process::ExitCode::FAILURE
@@ -137,7 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Watch(args) => crate::cmd::watch::run(&args).map(success),
         Command::Serve(args) => crate::cmd::serve::run(&args).map(success),
         Command::Demo(args) => crate::cmd::demo::run(&args).map(success),
-        Command::Doctor(args) => crate::cmd::doctor::run(&args).map(success),
+        Command::Doctor(args) => crate::cmd::doctor::run(&args),
         Command::Load(args) => crate::cmd::load::run(&args).map(success),
         Command::Record(args) => crate::cmd::record::run(&args).map(success),
         Command::Replay(args) => crate::cmd::replay::run(&args).map(success),

@@ -250,7 +250,11 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
     let kernel_misses = || -> u64 {
         loaded
             .iter()
-            .map(|&id| lab::program_recursion_misses(id).unwrap())
+            .map(|&id| {
+                lab::program_recursion_misses(id)
+                    .unwrap()
+                    .expect(common::MISSES_COUNTED)
+            })
             .sum()
     };
     wait_stored(&prometheus, &ns, within(30.0));

@@ -531,7 +531,11 @@ fn scenario(form: Form) {
     let kernel_misses = || -> u64 {
         loaded
             .iter()
-            .map(|&id| tap_probe_lab::lab::program_recursion_misses(id).unwrap())
+            .map(|&id| {
+                tap_probe_lab::lab::program_recursion_misses(id)
+                    .unwrap()
+                    .expect(common::MISSES_COUNTED)
+            })
             .sum()
     };
     // The first samples hold no more of the programs' misses than the kernel counted by now.

@@ -26,11 +26,21 @@ fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
     let mut checks = common::Checks::new();
     let gate = Gate::none();
     let mut lab = RecursionLab::attach().unwrap();
+    if lab.recursion_misses().unwrap().is_none() {
+        // Nor does it refuse the nested runs it would count (both came with Linux 5.12):
+        // set off, the program would call itself until the CPU stalls.
+        eprintln!(
+            "skipping test - this kernel does not count the runs it skips (recursion_misses, \
+             Linux 5.12+), and tap-probe reads them as unknown; nor does it refuse a raw \
+             tracepoint program nested in itself, so it is not set off"
+        );
+        return;
+    }
     checks.eq(
         &gate,
         Oracle::ProgramMisses,
         lab.recursion_misses().unwrap(),
-        0,
+        Some(0),
         "attached, not set off: a quiet program reads 0 misses",
     );
     let mut triggered = 0;
@@ -38,13 +48,13 @@ fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
         lab.trigger(times).unwrap();
         triggered += u64::from(times);
         let (runs, misses) = (lab.runs().unwrap(), lab.recursion_misses().unwrap());
-        eprintln!("{triggered} triggers: {runs} runs, {misses} recursion misses");
+        eprintln!("{triggered} triggers: {runs} runs, {misses:?} recursion misses");
         assert_eq!(runs, triggered, "one run per trigger");
         checks.eq(
             &gate,
             Oracle::ProgramMisses,
             misses,
-            triggered,
+            Some(triggered),
             "one nested run refused per trigger",
         );
     }
@@ -70,16 +80,25 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
     let mut lab = KprobeLab::attach(&kernel).unwrap();
     let reported = kernel.reports_kprobe_misses();
     assert_eq!(lab.kprobe_misses().is_some(), reported);
-    checks.eq(
-        &gate,
-        Oracle::ProgramMisses,
-        (
-            lab.kprobe_recursion_misses().unwrap(),
-            lab.tracepoint_recursion_misses().unwrap(),
-        ),
-        (0, 0),
-        "attached, not set off: quiet programs read 0 misses",
-    );
+    let counted = lab.kprobe_recursion_misses().unwrap().is_some();
+    if counted {
+        checks.eq(
+            &gate,
+            Oracle::ProgramMisses,
+            (
+                lab.kprobe_recursion_misses().unwrap(),
+                lab.tracepoint_recursion_misses().unwrap(),
+            ),
+            (Some(0), Some(0)),
+            "attached, not set off: quiet programs read 0 misses",
+        );
+    } else {
+        assert_eq!(lab.tracepoint_recursion_misses().unwrap(), None);
+        eprintln!(
+            "skipping program misses - this kernel does not count the runs it skips \
+             (recursion_misses, Linux 5.12+): tap-probe reads them as unknown"
+        );
+    }
     if let Some(misses) = lab.kprobe_misses() {
         checks.eq(
             &gate,
@@ -102,8 +121,8 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
         let tracepoint_runs = lab.tracepoint_runs().unwrap();
         let tracepoint_misses = lab.tracepoint_recursion_misses().unwrap();
         eprintln!(
-            "{triggered} triggers: kprobe program {kprobe_runs} runs, {:?} kprobe misses, {} \
-             recursion misses; tracepoint program {tracepoint_runs} runs, {tracepoint_misses} \
+            "{triggered} triggers: kprobe program {kprobe_runs} runs, {:?} kprobe misses, {:?} \
+             recursion misses; tracepoint program {tracepoint_runs} runs, {tracepoint_misses:?} \
              recursion misses",
             lab.kprobe_misses(),
             lab.kprobe_recursion_misses().unwrap()
@@ -111,11 +130,15 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
         assert_eq!(kprobe_runs, triggered, "one kprobe run per trigger");
         // The trigger's own printk, outside any kprobe program, runs it.
         assert_eq!(tracepoint_runs, triggered, "one tracepoint run per trigger");
+        if !counted {
+            assert_eq!(tracepoint_misses, None, "not counted: unknown, not 0");
+            continue;
+        }
         checks.eq(
             &gate,
             Oracle::ProgramMisses,
             lab.kprobe_recursion_misses().unwrap(),
-            0,
+            Some(0),
             "the kprobe program itself never nests",
         );
         if let Some(misses) = lab.kprobe_misses() {
@@ -133,7 +156,7 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
             &gate,
             Oracle::ProgramMisses,
             tracepoint_misses,
-            if reported { triggered } else { 0 },
+            Some(if reported { triggered } else { 0 }),
             "the tracepoint program refused under the kprobe program, once per trigger",
         );
     }

@@ -405,7 +405,11 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     let consumed = sample(&body, "tap_probe_consumed_total", &labels);
     let missed_runs: u64 = loaded
         .iter()
-        .map(|&id| tap_probe_lab::lab::program_recursion_misses(id).unwrap())
+        .map(|&id| {
+            tap_probe_lab::lab::program_recursion_misses(id)
+                .unwrap()
+                .expect(common::MISSES_COUNTED)
+        })
         .sum();
     // The unit leaves the backend to serve: what this kernel has.
     let gate = Gate::of_programs(Backend::Auto, missed_runs);

@@ -162,7 +162,11 @@ fn port(addr: &str) -> u16 {
 fn gate_of(loaded: &BTreeSet<u32>) -> Gate {
     let missed = loaded
         .iter()
-        .map(|&id| tap_probe_lab::lab::program_recursion_misses(id).unwrap())
+        .map(|&id| {
+            tap_probe_lab::lab::program_recursion_misses(id)
+                .unwrap()
+                .expect(common::MISSES_COUNTED)
+        })
         .sum();
     Gate::of_programs(Backend::Tracepoint, missed)
 }
@@ -248,8 +252,9 @@ fn prometheus_gets_the_same_series_over_tls_with_basic_auth_and_none_without_the
 
     // The same series, whichever way they came; the frames each serve counted, exactly.
     let names = |series: &BTreeMap<String, f64>| series.keys().cloned().collect::<BTreeSet<_>>();
+    // A device's default series: one per family that has a value for it.
     assert!(
-        by_plain.len() > 20,
+        by_plain.len() >= 15,
         "the tap's series, over plain HTTP: {by_plain:?}"
     );
     assert_eq!(

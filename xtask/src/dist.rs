@@ -171,6 +171,7 @@ fn check_in_guest(binary: &Path, kernel: &KernelSpec) -> anyhow::Result<()> {
         kernel: kernel.clone(),
         modules: Vec::new(),
         modules_dir: None,
+        subset: None,
     })?;
     let dir = cmd::target_dir().join("dist").join("guest");
     let out = dir.join("out");

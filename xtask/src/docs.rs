@@ -215,6 +215,7 @@ fn requires(requires: Requires) -> &'static str {
     match requires {
         Requires::Nothing => "-",
         Requires::WakeSources => "kprobes (wakes by source)",
+        Requires::ReaderTakes => "`consume_skb`'s location (6.3+) or kprobes",
         Requires::Tun => "a tun/tap",
         Requires::TunRing => "a tun/tap and tun's BTF",
         Requires::Flows => "`--flows` (watch, serve)",

@@ -21,7 +21,9 @@ pub(crate) const HOST: &str = "host";
 /// Oracles every backend a kernel runs must be checked against exactly.
 const PER_BACKEND: &[&str] = &["device-stats", "qdisc", "reader", "sender", "scheduler"];
 /// Oracles every kernel must be checked against exactly, by whichever backend (or none).
-const PER_KERNEL: &[&str] = &["program-misses", "sysfs", "tc", "tcp-stack"];
+const PER_KERNEL: &[&str] = &["sysfs", "tc", "tcp-stack"];
+/// Where a kernel counts the runs of a program it skipped (Linux 5.12+).
+const PROGRAM_MISSES: &str = "program-misses";
 /// Where a kernel runs two backends or more: each against the other.
 const BACKENDS_AGREE: &str = "other-backend";
 /// Where a kernel reports what a kprobe missed.
@@ -45,6 +47,8 @@ pub(crate) struct Kernel {
     release: Option<String>,
     /// The backends it runs, as the tests name them (`tracepoint`, `kprobe`).
     backends: Vec<String>,
+    /// Whether it counts the runs of a program it skipped (`recursion_misses`, Linux 5.12+).
+    program_misses: bool,
     /// Whether it reports what a kprobe missed (Linux 6.7+).
     kprobe_misses: bool,
     /// The tests that skip themselves there.
@@ -142,7 +146,7 @@ impl Kernel {
             PER_BACKEND.contains(&oracle)
                 || PER_KERNEL.contains(&oracle)
                 || HOST_ORACLES.contains(&oracle)
-                || [BACKENDS_AGREE, KPROBE_MISSES].contains(&oracle)
+                || [BACKENDS_AGREE, PROGRAM_MISSES, KPROBE_MISSES].contains(&oracle)
         };
         for tally in said.tallies.iter().filter(|t| !known(&t.oracle)) {
             problems.push(format!(
@@ -182,6 +186,9 @@ impl Kernel {
         }
         if self.backends.len() >= 2 {
             required.push((BACKENDS_AGREE, None));
+        }
+        if self.program_misses {
+            required.push((PROGRAM_MISSES, None));
         }
         if self.kprobe_misses {
             required.push((KPROBE_MISSES, None));
@@ -253,6 +260,7 @@ mod tests {
 [kernel.host]
 release = "6.18."
 backends = ["tracepoint"]
+program_misses = true
 kprobe_misses = false
 [[kernel.host.skip]]
 test = "misses::kprobe"
@@ -270,8 +278,17 @@ may = true
         PER_BACKEND
             .iter()
             .map(|o| format!("oracle: exact 1 {o} {backend}"))
-            .chain(PER_KERNEL.iter().map(|o| format!("oracle: exact 2 {o} -")))
-            .chain(HOST_ORACLES.iter().map(|o| format!("oracle: exact 1 {o} -")))
+            .chain(
+                PER_KERNEL
+                    .iter()
+                    .chain([&PROGRAM_MISSES])
+                    .map(|o| format!("oracle: exact 2 {o} -")),
+            )
+            .chain(
+                HOST_ORACLES
+                    .iter()
+                    .map(|o| format!("oracle: exact 1 {o} -")),
+            )
             .collect()
     }
 

@@ -77,8 +77,9 @@ impl Lab {
         Ok(per_cpu.iter().sum())
     }
 
-    /// The program `name`'s recursion misses, read as tap-probe reads its own programs'.
-    fn recursion_misses(&mut self, name: &str) -> Result<u64> {
+    /// The program `name`'s recursion misses, read as tap-probe reads its own programs';
+    /// `None` where the kernel does not count them.
+    fn recursion_misses(&mut self, name: &str) -> Result<Option<u64>> {
         let program = program(&mut self.ebpf, name)?;
         Ok(recursion_misses(program.fd()?.as_fd())?)
     }
@@ -168,11 +169,12 @@ impl RecursionLab {
         self.lab.runs(RUN_RECURSE_PRINTK)
     }
 
-    /// `recurse_printk`'s runs the kernel skipped, as tap-probe reads them.
+    /// `recurse_printk`'s runs the kernel skipped, as tap-probe reads them (`None`: not
+    /// counted by this kernel).
     ///
     /// # Errors
     /// When the kernel refuses the object-info request.
-    pub fn recursion_misses(&mut self) -> Result<u64> {
+    pub fn recursion_misses(&mut self) -> Result<Option<u64>> {
         self.lab.recursion_misses(RECURSE_PRINTK)
     }
 }
@@ -240,11 +242,12 @@ impl KprobeLab {
         )
     }
 
-    /// `comm_kprobe`'s runs the kernel skipped, as tap-probe reads them.
+    /// `comm_kprobe`'s runs the kernel skipped, as tap-probe reads them (`None`: not
+    /// counted by this kernel).
     ///
     /// # Errors
     /// When the kernel refuses the object-info request.
-    pub fn kprobe_recursion_misses(&mut self) -> Result<u64> {
+    pub fn kprobe_recursion_misses(&mut self) -> Result<Option<u64>> {
         self.lab.recursion_misses(COMM_KPROBE)
     }
 
@@ -256,11 +259,12 @@ impl KprobeLab {
         self.lab.runs(RUN_PRINTK_TRACEPOINT)
     }
 
-    /// `printk_tracepoint`'s runs the kernel skipped, as tap-probe reads them.
+    /// `printk_tracepoint`'s runs the kernel skipped, as tap-probe reads them (`None`: not
+    /// counted by this kernel).
     ///
     /// # Errors
     /// When the kernel refuses the object-info request.
-    pub fn tracepoint_recursion_misses(&mut self) -> Result<u64> {
+    pub fn tracepoint_recursion_misses(&mut self) -> Result<Option<u64>> {
         self.lab.recursion_misses(PRINTK_TRACEPOINT)
     }
 }

@@ -53,11 +53,12 @@ pub fn tun_has_backpressure() -> anyhow::Result<bool> {
 }
 
 /// The runs of the loaded program `id` the kernel skipped (`bpf_prog_info.recursion_misses`),
-/// read from the kernel by the program's id: what another process's programs missed.
+/// read from the kernel by the program's id: what another process's programs missed; `None`
+/// where the kernel does not count them (before Linux 5.12).
 ///
 /// # Errors
 /// When no such program is loaded, or the kernel refuses the request.
-pub fn program_recursion_misses(id: u32) -> anyhow::Result<u64> {
+pub fn program_recursion_misses(id: u32) -> anyhow::Result<Option<u64>> {
     use anyhow::Context as _;
     use std::os::fd::AsFd as _;
     let program = aya::programs::loaded_programs()

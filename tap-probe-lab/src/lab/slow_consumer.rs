@@ -20,6 +20,19 @@ pub struct SlowConsumer {
 }
 
 impl SlowConsumer {
+    /// Why a slow consumer cannot fill a veth's ring on this kernel, if it cannot: without
+    /// threaded NAPI (`/sys/class/net/DEV/threaded`, Linux 5.12+) the peer's poll runs in
+    /// the sender's own softirq, and takes each packet before the next is sent.
+    #[must_use]
+    pub fn unavailable() -> Option<String> {
+        // Every device has the attribute where the kernel has threaded NAPI.
+        (!std::path::Path::new("/sys/class/net/lo/threaded").exists()).then(|| {
+            "this kernel has no threaded NAPI (/sys/class/net/DEV/threaded, Linux 5.12+): a \
+             veth peer's poll runs in the sender's own softirq, so its ring never fills"
+                .to_owned()
+        })
+    }
+
     /// Attaches to `ifindex` in the calling thread's network namespace, holding every packet
     /// for `hold_ns`, and makes that device's NAPI threaded (which the kernel accepts only
     /// once an XDP program is attached to a veth).

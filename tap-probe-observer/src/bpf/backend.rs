@@ -79,6 +79,9 @@ pub struct Sources {
     /// Driver calls: `xmit_calls`, `enqueued`, `busy`, and the bracket that ties a drop to
     /// the driver call in flight.
     pub xmit: Xmit,
+    /// How a full ring is told from the driver's other drops: `dropped_full_ring`,
+    /// `dropped_other`.
+    pub drops: Drops,
     /// Reader takes: `consumed`, `reader_sleeps`.
     pub consumed: Consume,
     /// Packets put back while the queue was stopped: `requeued_stopped`.
@@ -90,8 +93,44 @@ pub struct Sources {
     pub ring: Ring,
     /// Whether flows' order is followed (`reordered`, `flows_joined`).
     pub flows: bool,
+    /// What the kernel says of the program runs it skipped.
+    pub misses: Misses,
     /// Why a preferred source was not used.
     pub notes: Vec<String>,
+}
+
+/// What the kernel says of the runs of the programs it skipped (see
+/// [`crate::bpf::missed`]): counts that may be short say so only where it counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Misses {
+    /// The programs' `recursion_misses` (Linux 5.12+).
+    pub runs: bool,
+    /// The kprobes' own misses, through their links (Linux 6.7+).
+    pub kprobes: bool,
+}
+
+/// How the drops inside the driver (`skb:kfree_skb` of the call in flight) are told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drops {
+    /// By the reason the kernel gives, `SKB_DROP_REASON_FULL_RING` for a full ring.
+    Reason,
+    /// By the driver call's path, where the kernel gives no full-ring reason (before Linux
+    /// 5.17, and until tun gave one): see [`tap_probe_common::DropClass::Path`]. A drop of a
+    /// packet that had neither an owner nor a conntrack reference cannot be told, so
+    /// `dropped_full_ring` may be short by the `unclassified` drops of `dropped_other`.
+    Path,
+}
+
+impl Drops {
+    /// How this kernel's drops are told apart.
+    #[must_use]
+    pub fn of(kernel: &KernelInfo) -> Self {
+        if kernel.facts.drop_class == tap_probe_common::DropClass::Path as u32 {
+            Self::Path
+        } else {
+            Self::Reason
+        }
+    }
 }
 
 /// Where packets put back by a stopped queue are seen.
@@ -149,6 +188,9 @@ pub enum Consume {
     Kprobe,
     /// The `skb:consume_skb` tracepoint and its `location` argument.
     Tracepoint,
+    /// Nowhere (`auto` on a kernel with neither, see the notes): `consumed` and
+    /// `reader_sleeps` are unknown, every other counter is counted.
+    Unavailable,
 }
 
 /// Drops: the only source of the drop reason.
@@ -171,11 +213,50 @@ impl std::fmt::Display for Xmit {
     }
 }
 
+impl Sources {
+    /// What the kernel says of skipped runs, as the sources' `missed` group says it.
+    fn misses_text(&self) -> String {
+        let kprobes = self.uses_kprobes();
+        match (self.misses.runs, kprobes && !self.misses.kprobes) {
+            (false, _) => "unknown: this kernel does not count the program runs it skips \
+                           (bpf_prog_info.recursion_misses, Linux 5.12+), so counts may be \
+                           short unseen"
+                .to_owned(),
+            (true, true) => "the programs' recursion_misses; not the kprobes' own (their \
+                             links report them from Linux 6.7)"
+                .to_owned(),
+            (true, false) if kprobes => {
+                "the programs' recursion_misses and the kprobes' own".to_owned()
+            }
+            (true, false) => "the programs' recursion_misses".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Drops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Reason => f.write_str(DROPS),
+            Self::Path => write!(
+                f,
+                "{DROPS} without a full-ring reason (Linux < 5.17): a full ring told by the \
+                 driver call's path, tun_net_xmit orphaning the packet right before its ring; \
+                 dropped_full_ring may be short by drops of packets with neither an owner nor \
+                 a conntrack reference (dropped_other, reason unclassified)"
+            ),
+        }
+    }
+}
+
 impl std::fmt::Display for Consume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Kprobe => "kprobe consume_skb (caller address)",
             Self::Tracepoint => "tracepoint skb:consume_skb (location)",
+            Self::Unavailable => {
+                "not counted: the consume_skb tracepoint has no location (Linux < 6.3) and \
+                 there are no kprobes"
+            }
         })
     }
 }
@@ -284,6 +365,7 @@ impl Sources {
         let consumed = match self.consumed {
             Consume::Kprobe => "kprobe",
             Consume::Tracepoint => "tracepoint",
+            Consume::Unavailable => "none",
         };
         let queue_state = match self.xmit {
             Xmit::Kprobes(_) => "kprobe+tracepoint",
@@ -321,10 +403,10 @@ impl Sources {
     /// Each group of counters: its JSON key, what it counts, and its source, in the order
     /// the JSON has them.
     #[must_use]
-    pub fn groups(&self) -> [(&'static str, &'static str, String); 7] {
+    pub fn groups(&self) -> [(&'static str, &'static str, String); 8] {
         [
             ("xmit", "driver calls", self.xmit.to_string()),
-            ("drops", "drops", DROPS.to_owned()),
+            ("drops", "drops", self.drops.to_string()),
             ("consumed", "reader takes", self.consumed.to_string()),
             ("queue_state", "queue state", QUEUE_STATE.to_owned()),
             (
@@ -334,6 +416,7 @@ impl Sources {
             ),
             ("wakes", "wakes by source", self.wakes.to_string()),
             ("ring_occupancy", "ring occupancy", self.ring.to_string()),
+            ("missed", "skipped runs", self.misses_text()),
         ]
     }
 }
@@ -355,7 +438,7 @@ impl Serialize for Sources {
     /// Each group's source as text, then the notes.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
-        let mut st = serializer.serialize_struct("Sources", 8)?;
+        let mut st = serializer.serialize_struct("Sources", 9)?;
         for (group, _, source) in self.groups() {
             st.serialize_field(group, &source)?;
         }
@@ -461,15 +544,18 @@ pub fn attach(
             consume_tracepoint(ebpf).context("nothing can count reader takes with tracepoints")?;
             Consume::Tracepoint
         }
+        // A kernel with neither loses the reader's takes alone.
         Backend::Auto => match consume_tracepoint(ebpf) {
             Ok(()) => Consume::Tracepoint,
             Err(err) => {
                 notes.push(format!("consume tracepoint: {err:#}"));
-                consume_kprobe(ebpf, kprobes).context(
-                    "nothing can count reader takes here: the consume_skb kprobe does not \
-                     attach either",
-                )?;
-                Consume::Kprobe
+                match consume_kprobe(ebpf, kprobes) {
+                    Ok(()) => Consume::Kprobe,
+                    Err(err) => {
+                        notes.push(format!("consume kprobe: {err:#}"));
+                        Consume::Unavailable
+                    }
+                }
             }
         },
     };
@@ -506,11 +592,17 @@ pub fn attach(
     };
     Ok(Sources {
         xmit,
+        drops: Drops::of(kernel),
         consumed,
         requeues,
         wakes,
         ring,
         flows: true,
+        // Asked of the loaded programs by the probe (see `Probe::attach_backend`).
+        misses: Misses {
+            runs: false,
+            kprobes: false,
+        },
         notes,
     })
 }
@@ -642,6 +734,7 @@ mod tests {
     fn sources_read_as_before_and_name_their_hooks() {
         let sources = Sources {
             xmit: Xmit::Kprobes(vec!["tun_net_xmit", "veth_xmit"]),
+            drops: Drops::Reason,
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,
@@ -650,12 +743,16 @@ mod tests {
                 mode: crate::bpf::probe::Occupancy::Exact,
             },
             flows: false,
+            misses: Misses {
+                runs: true,
+                kprobes: false,
+            },
             notes: vec!["fentry: no".to_owned()],
         };
         // The groups that were there keep their keys and texts.
         assert_eq!(
             serde_json::to_string(&sources).unwrap(),
-            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","requeued_stopped":"tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)","wakes":"not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)","ring_occupancy":"ptr_ring read at each driver call and reader take (offsets from /sys/kernel/btf/tun)","notes":["fentry: no"]}"#
+            r#"{"xmit":"kprobe+kretprobe tun_net_xmit, veth_xmit","drops":"tracepoint skb:kfree_skb","consumed":"tracepoint skb:consume_skb (location)","queue_state":"after each driver call, and tracepoint qdisc:qdisc_dequeue","requeued_stopped":"tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)","wakes":"not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)","ring_occupancy":"ptr_ring read at each driver call and reader take (offsets from /sys/kernel/btf/tun)","missed":"the programs' recursion_misses; not the kprobes' own (their links report them from Linux 6.7)","notes":["fentry: no"]}"#
         );
         assert_eq!(
             sources.hooks(),

@@ -2,8 +2,9 @@
 //! another kprobe or perf-event program is running on its CPU (`bpf_prog_active` in
 //! `trace_call_bpf`, `kernel/trace/bpf_trace.c`), and a raw tracepoint program does not run
 //! inside itself. The kernel counts each in the program's `recursion_misses` (`struct
-//! bpf_prog_info`; for kprobes since Linux 6.7), which aya does not expose, so it is read
-//! here with `BPF_OBJ_GET_INFO_BY_FD`.
+//! bpf_prog_info`, Linux 5.12+; for kprobes since Linux 6.7), which aya does not expose, so
+//! it is read here with `BPF_OBJ_GET_INFO_BY_FD`. An older kernel skips runs all the same
+//! without counting them: its misses are unknown, never 0.
 //!
 //! A kprobe can also miss without running its program at all; [`crate::bpf::kprobe`]
 //! reads that.
@@ -22,8 +23,9 @@ const RECURSION_MISSES: usize = 208;
 pub struct ProgramMissed {
     pub program: String,
     /// Runs the kernel skipped because the program (for a kprobe: any kprobe program) was
-    /// already running on the CPU: its `recursion_misses`.
-    pub runs: u64,
+    /// already running on the CPU: its `recursion_misses`. `None` where the kernel does not
+    /// count them (before Linux 5.12).
+    pub runs: Option<u64>,
     /// For a kprobe program: hits of its kprobes that ran no handler at all (their
     /// `nmissed`, summed). `None` for other programs, and where the kernel does not say
     /// (before Linux 6.7, or a kprobe attached without a perf link).
@@ -31,15 +33,16 @@ pub struct ProgramMissed {
 }
 
 impl ProgramMissed {
-    /// Everything the program missed.
+    /// Everything the program missed, as far as the kernel says.
     #[must_use]
     pub fn total(&self) -> u64 {
-        self.runs + self.kprobe.unwrap_or(0)
+        self.runs.unwrap_or(0) + self.kprobe.unwrap_or(0)
     }
 }
 
 /// `BPF_OBJ_GET_INFO_BY_FD` into `info`; the kernel fills what it knows and leaves the rest.
-pub(super) fn object_info(fd: RawFd, info: &mut [u8]) -> std::io::Result<()> {
+/// Returns how many bytes it knows: an older kernel's struct ends sooner.
+pub(super) fn object_info(fd: RawFd, info: &mut [u8]) -> std::io::Result<usize> {
     #[repr(C)]
     struct InfoAttr {
         bpf_fd: u32,
@@ -53,7 +56,9 @@ pub(super) fn object_info(fd: RawFd, info: &mut [u8]) -> std::io::Result<()> {
     };
     // SAFETY: the attribute points at `info`, which outlives the call; the kernel writes
     // at most `info_len` bytes there.
-    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }.map(drop)
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    // The kernel writes back the length it filled: the smaller of ours and its own struct's.
+    Ok(usize::try_from(attr.info_len).unwrap_or(0))
 }
 
 /// The `bpf(2)` system call: command `cmd` on `attr`, a prefix of `union bpf_attr` (the
@@ -76,13 +81,14 @@ pub(super) fn u64_at(info: &[u8], at: usize) -> u64 {
     u64::from_ne_bytes(bytes)
 }
 
-/// The runs of the program at `fd` the kernel skipped; 0 where it does not count them.
+/// The runs of the program at `fd` the kernel skipped; `None` where it does not count them:
+/// its `struct bpf_prog_info` ends before `recursion_misses` (as it says by the length it
+/// fills).
 ///
 /// # Errors
 /// When the kernel refuses the request.
-pub fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
-    // Up to and including recursion_misses: an older kernel fills less, leaving it 0.
+pub fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<Option<u64>> {
     let mut info = [0u8; RECURSION_MISSES + 8];
-    object_info(fd.as_raw_fd(), &mut info)?;
-    Ok(u64_at(&info, RECURSION_MISSES))
+    let filled = object_info(fd.as_raw_fd(), &mut info)?;
+    Ok((filled >= info.len()).then(|| u64_at(&info, RECURSION_MISSES)))
 }

@@ -66,6 +66,8 @@ pub struct Row {
     pub backpressure: Option<bool>,
     /// Whether the wakes were told apart by who woke (`Requires::WakeSources`).
     pub wake_sources: bool,
+    /// Whether reader takes are counted (`Requires::ReaderTakes`).
+    pub reader_takes: bool,
     /// Whether flows' order was followed (`Requires::Flows`).
     pub flows: bool,
     /// `dropped_other` by `enum skb_drop_reason` name (lower case, without the prefix).
@@ -101,6 +103,7 @@ impl Row {
         let available = match metric.requires {
             Requires::Nothing => true,
             Requires::WakeSources => self.wake_sources,
+            Requires::ReaderTakes => self.reader_takes,
             Requires::Tun => self.kind.is_tun(),
             Requires::TunRing => self.occupancy.is_some(),
             Requires::Flows => self.flows,
@@ -140,6 +143,7 @@ pub(crate) struct RowContext {
     /// Whether the ring is sampled (a tun/tap, with the offsets known).
     pub(crate) ring: bool,
     pub(crate) wake_sources: bool,
+    pub(crate) reader_takes: bool,
     pub(crate) flows: bool,
     pub(crate) retired: bool,
     pub(crate) from_birth: bool,
@@ -196,6 +200,7 @@ pub(crate) fn device_rows(
                 occupancy,
                 backpressure: context.backpressure,
                 wake_sources: context.wake_sources,
+                reader_takes: context.reader_takes,
                 flows: context.flows,
                 drop_reasons,
                 kernel,
@@ -359,17 +364,22 @@ impl Serialize for Row {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use crate::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use crate::bpf::backend::{Consume, Drops, Misses, Requeues, Ring, Sources, Wakes, Xmit};
 
     /// The sources of a probe that runs on tracepoints alone.
     pub(crate) fn sources() -> Sources {
         Sources {
             xmit: Xmit::Tracepoints,
+            drops: Drops::Reason,
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,
             ring: Ring::Unavailable("not in this test".to_owned()),
             flows: true,
+            misses: Misses {
+                runs: true,
+                kprobes: true,
+            },
             notes: Vec::new(),
         }
     }

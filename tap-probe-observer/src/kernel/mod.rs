@@ -9,13 +9,67 @@ pub mod privileges;
 
 use std::collections::BTreeMap;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use btf_rs::Btf;
-use tap_probe_common::{DROP_REASON_XMIT_ERROR, KernelFacts, PROG_CONSUME_SKB, WakeRange};
+use tap_probe_common::{
+    DROP_REASON_BEFORE_RING, DROP_REASON_UNCLASSIFIED, DROP_REASON_XMIT_ERROR, KernelFacts,
+    PROG_CONSUME_SKB, WakeRange,
+};
 
 use crate::kernel::kallsyms::{Kallsyms, NamedRange};
 use crate::kernel::modules::Modules;
 use crate::os::tap::IFF_BACKPRESSURE;
+
+/// What tap-probe cannot run without: a kernel lacking it is the problem, not the command
+/// (exit status 2), and is named in one line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unsupported {
+    /// No `/sys/kernel/btf/vmlinux`: no struct can be read.
+    NoBtf,
+    /// No tun/tap transmit or read function in kallsyms: nothing to count.
+    NoTunTap,
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoBtf => write!(
+                f,
+                "this kernel has no BTF ({} is missing: a kernel built without \
+                 CONFIG_DEBUG_INFO_BTF), which tap-probe needs to read the kernel's structures",
+                crate::kernel::btf::VMLINUX_BTF
+            ),
+            Self::NoTunTap => f.write_str(
+                "this kernel has none of the tun/tap read functions (tun_do_read, tap_do_read, \
+                 ...) in /proc/kallsyms: load the tun module (modprobe tun), or use a kernel \
+                 built with CONFIG_TUN",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
+impl Unsupported {
+    /// Why this kernel cannot be watched at all, from its BTF (whether it could be read) and
+    /// kallsyms: `None` when it can.
+    #[must_use]
+    pub fn of(btf_missing: bool, kallsyms: &Kallsyms) -> Option<Self> {
+        if btf_missing {
+            Some(Self::NoBtf)
+        } else if kallsyms.reader_ranges().is_empty() {
+            Some(Self::NoTunTap)
+        } else {
+            None
+        }
+    }
+
+    /// The one this error is or wraps, if any.
+    #[must_use]
+    pub fn in_error(err: &anyhow::Error) -> Option<Self> {
+        err.chain().find_map(|e| e.downcast_ref::<Self>().copied())
+    }
+}
 
 /// How this kernel's tun answers a full ring when a qdisc sits in front of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -95,15 +149,14 @@ impl KernelInfo {
     pub fn load() -> Result<Self> {
         // Before kallsyms: a module loaded in between is then reported as loaded since.
         let modules = Modules::now();
-        let btf = crate::kernel::btf::load_vmlinux()?;
-        let mut info = Self::from_parts(&btf, Kallsyms::read()?)?;
-        info.modules = modules;
-        if info.reader_ranges.is_empty() {
-            bail!(
-                "found none of the tun/tap read functions (tun_do_read, tap_do_read, ...) in \
-                 /proc/kallsyms: is the tun module loaded? (modprobe tun)"
-            );
+        let btf_missing = !std::path::Path::new(crate::kernel::btf::VMLINUX_BTF).exists();
+        let kallsyms = Kallsyms::read()?;
+        if let Some(unsupported) = Unsupported::of(btf_missing, &kallsyms) {
+            return Err(unsupported.into());
         }
+        let btf = crate::kernel::btf::load_vmlinux()?;
+        let mut info = Self::from_parts(&btf, kallsyms)?;
+        info.modules = modules;
         Ok(info)
     }
 
@@ -148,10 +201,10 @@ impl KernelInfo {
             release: release(),
             facts,
             reader_ranges,
-            consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)?
-                .len()
-                >= 2,
-            drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)?),
+            // Without the tracepoint's typedef in BTF, nothing can be known of its location.
+            consume_has_location: crate::kernel::btf::tracepoint_args(btf, PROG_CONSUME_SKB.1)
+                .is_ok_and(|args| args.len() >= 2),
+            drop_reasons: ReasonNames(crate::kernel::btf::drop_reason_names(btf)),
             kallsyms,
             wake_ranges,
             ring_facts,
@@ -192,8 +245,11 @@ pub struct ReasonNames(pub(crate) BTreeMap<u32, String>);
 impl ReasonNames {
     #[must_use]
     pub(crate) fn name(&self, reason: u32) -> String {
-        if reason == DROP_REASON_XMIT_ERROR {
-            return "xmit_error".to_owned();
+        match reason {
+            DROP_REASON_XMIT_ERROR => return "xmit_error".to_owned(),
+            DROP_REASON_BEFORE_RING => return "before_ring".to_owned(),
+            DROP_REASON_UNCLASSIFIED => return "unclassified".to_owned(),
+            _ => {}
         }
         self.0
             .get(&reason)

@@ -19,9 +19,9 @@ use tap_probe_observer::os::signals::Stop;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The guest's kernel: `debian-6.1`, `debian-6.12` or `debian-7.3` (Debian's cloud
-    /// kernels, fetched with apt into ~/.cache/tap-probe, the newest of the series), a
-    /// bzImage (with --modules) or a kernel package (.deb).
+    /// The guest's kernel: `debian-5.10`, `debian-6.1`, `debian-6.12` or `debian-7.3`
+    /// (Debian's cloud kernels, fetched with apt into ~/.cache/tap-probe, the newest of the
+    /// series), a bzImage (with --modules) or a kernel package (.deb).
     #[arg(long, value_name = "KERNEL", default_value = "debian-7.3")]
     kernel: KernelSpec,
     /// The kernel's modules, for a bzImage: a directory holding `lib/modules/RELEASE`

@@ -76,6 +76,24 @@ mod tests {
             assert_eq!(json[field], serde_json::Value::Null, "{field}");
         }
         assert_eq!(json["requeued_stopped"], 2, "known on every backend");
+        // Reader takes on a kernel with neither their tracepoint's location nor kprobes:
+        // those alone are unknown.
+        let mut untaken = row.clone();
+        untaken.reader_takes = false;
+        let json = serde_json::to_value(&untaken).unwrap();
+        for field in ["consumed", "reader_sleeps", "wakeups_per_packet"] {
+            assert_eq!(json[field], serde_json::Value::Null, "{field}");
+        }
+        assert_eq!(json["dropped_full_ring"], 2, "every other value counted");
+        let text = crate::output::prometheus::exposition(
+            &crate::output::lines::tests::report(1.0, vec![untaken]),
+            crate::output::prometheus::Series::default(),
+        );
+        assert!(!text.contains("\ntap_probe_consumed_total{"), "{text}");
+        assert!(
+            text.contains("\ntap_probe_dropped_full_ring_total{"),
+            "{text}"
+        );
         // Before the first sample a ring's level is unknown, its histogram empty.
         let mut fresh = row.clone();
         fresh.occupancy = Some(RingOccupancy::default());

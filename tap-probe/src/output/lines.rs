@@ -207,7 +207,9 @@ pub(crate) mod tests {
     use tap_probe_common::{MetricId, QueueCounters};
 
     use super::*;
-    use tap_probe_observer::bpf::backend::{Consume, Requeues, Ring, Sources, Wakes, Xmit};
+    use tap_probe_observer::bpf::backend::{
+        Consume, Drops, Misses, Requeues, Ring, Sources, Wakes, Xmit,
+    };
     use tap_probe_observer::bpf::probe::RingOccupancy;
     use tap_probe_observer::host::discovery::{DeviceKind, Owner};
     use tap_probe_observer::host::report::KernelDeltas;
@@ -237,6 +239,7 @@ pub(crate) mod tests {
             occupancy: None,
             backpressure: Some(false),
             wake_sources: true,
+            reader_takes: true,
             flows: true,
             drop_reasons: BTreeMap::new(),
             kernel: KernelDeltas {
@@ -301,6 +304,7 @@ pub(crate) mod tests {
             }),
             backpressure: Some(true),
             wake_sources: true,
+            reader_takes: true,
             flows: true,
             drop_reasons: [("xmit_error".to_owned(), 3)].into(),
             kernel: KernelDeltas {
@@ -318,11 +322,16 @@ pub(crate) mod tests {
     pub(crate) fn sources() -> Sources {
         Sources {
             xmit: Xmit::Tracepoints,
+            drops: Drops::Reason,
             consumed: Consume::Tracepoint,
             requeues: Requeues::DequeuePairs,
             wakes: Wakes::Inferred,
             ring: Ring::Unavailable("not in this test".to_owned()),
             flows: true,
+            misses: Misses {
+                runs: true,
+                kprobes: true,
+            },
             notes: Vec::new(),
         }
     }

@@ -377,12 +377,12 @@ mod tests {
         report.missed = vec![
             ProgramMissed {
                 program: "consume_entry".to_owned(),
-                runs: 0,
+                runs: Some(0),
                 kprobe: Some(0),
             },
             ProgramMissed {
                 program: "kfree_skb".to_owned(),
-                runs: 0,
+                runs: Some(0),
                 kprobe: None,
             },
         ];
@@ -393,7 +393,7 @@ mod tests {
         assert!(!table::rows(&report, None).contains("SHORT"));
 
         report.missed[0].kprobe = Some(2);
-        report.missed[1].runs = 5;
+        report.missed[1].runs = Some(5);
         let table = table::rows(&report, None);
         assert!(
             table.contains(
@@ -416,6 +416,38 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == sample), "{sample} in\n{text}");
         }
+    }
+
+    /// Where the kernel does not count the runs it skips (before Linux 5.12), the misses are
+    /// unknown, not 0: `null` in the JSON, no sample in the Prometheus text, and the sources
+    /// say so wherever they are shown.
+    #[test]
+    fn misses_the_kernel_does_not_count_are_unknown_not_zero() {
+        let mut report = lines::tests::report(1.0, vec![lines::tests::row("tap0", 0, 1, 0)]);
+        report.missed = vec![ProgramMissed {
+            program: "kfree_skb".to_owned(),
+            runs: None,
+            kprobe: None,
+        }];
+        report.sources.misses.runs = false;
+        let json: serde_json::Value =
+            serde_json::from_str(&json::json_line(&report, false).unwrap()).unwrap();
+        assert_eq!(json["missed"][0]["runs"], serde_json::Value::Null);
+        let said = json["sources"]["missed"].as_str().unwrap();
+        assert!(
+            said.starts_with("unknown: this kernel does not count"),
+            "{said}"
+        );
+        let text = prometheus::exposition(&report, prometheus::Series::default());
+        assert!(!text.contains(r#"why="recursion"} "#), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with(
+                r#"tap_probe_source_info{counters="missed",source="unknown: this kernel"#
+            )),
+            "{text}"
+        );
+        let legend = legend::wide(&report.sources, None).join("\n");
+        assert!(legend.contains("skipped runs: unknown"), "{legend}");
     }
 
     /// A module that changed since attach is shown in the table and the Prometheus text.

@@ -199,6 +199,26 @@ pub(crate) fn watchers(
     all
 }
 
+/// Why `watcher` samples no ring, as its sources say it, when it samples none: where the
+/// kernel says nowhere where tun keeps its ring (no BTF for tun), a test says which of its
+/// checks it could not make, in a line `cargo xtask test` lists (once per test).
+pub(crate) fn ring_unsampled(watcher: &Watcher, said: &mut bool) -> bool {
+    let sources = watcher.sources();
+    if sources.ring_sampled() {
+        return false;
+    }
+    if !std::mem::replace(said, true) {
+        eprintln!("skipping ring occupancy - {}", sources.ring);
+    }
+    true
+}
+
+/// What a test that holds another process's programs to the kernel's count of their skipped
+/// runs needs: a kernel that counts them (`recursion_misses`, Linux 5.12+; every kernel those
+/// tests run on).
+pub(crate) const MISSES_COUNTED: &str =
+    "this kernel does not count the runs it skips (recursion_misses, Linux 5.12+)";
+
 /// Why `watcher`'s counts may be short, if they may: the kernel skipped runs of its
 /// programs. A kprobe program does not run while another one runs on its CPU, e.g. when a
 /// softirq drains a queue on an interrupt's exit inside the reader's kprobe program; a raw
@@ -215,9 +235,12 @@ pub(crate) fn short(watcher: &Watcher) -> Option<String> {
         .missed()
         .iter()
         .filter(|p| p.total() > 0)
-        .map(|p| match p.kprobe {
-            Some(hits) if hits > 0 => format!("{} {} runs, {hits} kprobe hits", p.program, p.runs),
-            _ => format!("{} {}", p.program, p.runs),
+        .map(|p| {
+            let runs = p.runs.unwrap_or(0);
+            match p.kprobe {
+                Some(hits) if hits > 0 => format!("{} {runs} runs, {hits} kprobe hits", p.program),
+                _ => format!("{} {runs}", p.program),
+            }
         })
         .collect();
     eprintln!(

@@ -186,6 +186,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         kernel: args.kernel.clone(),
         modules: Vec::new(),
         modules_dir: None,
+        subset: None,
     })?;
     let runs = Variant::ALL.len() as u64 * u64::from(args.rounds + 1);
     let timeout = BOOT_ALLOWANCE_S + runs * (u64::from(args.duration) + PER_RUN_ALLOWANCE_S);

@@ -19,7 +19,7 @@ use tap_probe_common::{
     RING_SAMPLES_OFF,
 };
 
-use crate::bpf::backend::{Backend, Ring, Sources};
+use crate::bpf::backend::{Backend, Misses, Ring, Sources};
 use crate::bpf::kprobe::Kprobes;
 use crate::bpf::missed::ProgramMissed;
 use crate::bpf::object::Object;
@@ -262,6 +262,16 @@ impl Probe {
         let mut kprobes = Kprobes::default();
         let mut sources = crate::bpf::backend::attach(&mut ebpf, &mut kprobes, backend, kernel)?;
         sources.flows = counting.flows;
+        sources.misses = Misses {
+            // Asked of a loaded program: the kernel says by what it fills in.
+            runs: ebpf.programs().any(|(_, program)| {
+                use std::os::fd::AsFd as _;
+                program.fd().is_ok_and(|fd| {
+                    crate::bpf::missed::recursion_misses(fd.as_fd()).is_ok_and(|r| r.is_some())
+                })
+            }),
+            kprobes: kernel.kprobe_link_missed.is_some() && kprobes.all_linked(),
+        };
         sources.ring = ring_source(&sources.ring, &counting);
         // Where every driver call and take samples, a refresh adds nothing.
         let sampler = if sources.ring_sampled() && counting.occupancy == Occupancy::Events {
@@ -342,6 +352,7 @@ impl Probe {
             .programs()
             .filter_map(|(name, program)| {
                 let runs = crate::bpf::missed::recursion_misses(program.fd().ok()?.as_fd()).ok()?;
+                // `None`: this kernel does not count them, which the views say.
                 let kprobe = kprobes.get(name).copied();
                 Some(ProgramMissed {
                     program: name.to_owned(),

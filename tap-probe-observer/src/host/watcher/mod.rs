@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tap_probe_common::{DeviceKey, QueueCounters};
 
-use crate::bpf::backend::{Backend, Ring, Sources, Wakes};
+use crate::bpf::backend::{Backend, Consume, Ring, Sources, Wakes};
 use crate::bpf::missed::ProgramMissed;
 use crate::bpf::probe::{Counting, DeviceCounters, Full, Occupancy, Probe};
 use crate::host::baseline::{self, Baseline, counted_between};
@@ -539,6 +539,7 @@ fn context(
         backpressure,
         ring: device.kind.is_tun() && matches!(sources.ring, Ring::Sampled { .. }),
         wake_sources: matches!(sources.wakes, Wakes::Callers(_)),
+        reader_takes: sources.consumed != Consume::Unavailable,
         flows: sources.flows,
         retired,
         from_birth: tracked.from_birth,

@@ -666,12 +666,12 @@ fn skipped_program_runs_are_reported_per_program_and_mark_the_counts_short() {
     let quiet = vec![
         ProgramMissed {
             program: "consume_entry".to_owned(),
-            runs: 0,
+            runs: Some(0),
             kprobe: Some(0),
         },
         ProgramMissed {
             program: "kfree_skb".to_owned(),
-            runs: 0,
+            runs: Some(0),
             kprobe: None,
         },
     ];
@@ -682,7 +682,7 @@ fn skipped_program_runs_are_reported_per_program_and_mark_the_counts_short() {
 
     t.host.missed = quiet;
     t.host.missed[0].kprobe = Some(2);
-    t.host.missed[1].runs = 5;
+    t.host.missed[1].runs = Some(5);
     let report = t.refresh().unwrap();
     assert!(report.may_be_short());
     assert_eq!(report.missed, t.host.missed);

@@ -2,6 +2,8 @@
 //! backend `watch` would use. Every check is independent: one that fails is reported and the
 //! others still run.
 
+use std::process::ExitCode;
+
 use anyhow::{Result, anyhow};
 use serde::Serialize;
 use tap_probe_common::KernelFacts;
@@ -10,7 +12,7 @@ use crate::output::Format;
 use tap_probe_observer::bpf::backend::Sources;
 use tap_probe_observer::bpf::probe::Probe;
 use tap_probe_observer::kernel::kallsyms::Kallsyms;
-use tap_probe_observer::kernel::{KernelInfo, TunBackpressure};
+use tap_probe_observer::kernel::{KernelInfo, TunBackpressure, Unsupported};
 use tap_probe_observer::kernel::{btf, kallsyms, privileges};
 
 mod render;
@@ -279,19 +281,27 @@ struct Diagnosis {
     reader_ranges: Vec<Range>,
 }
 
-/// Runs `tap-probe doctor`.
+/// Runs `tap-probe doctor`: the whole report, also on a kernel tap-probe cannot watch at
+/// all, which then ends it with one line saying what the kernel lacks and exit status 2.
 ///
 /// # Errors
 /// Only when the report cannot be written; failed checks are part of the report.
-pub(crate) fn run(args: &Args) -> Result<()> {
-    let diagnosis = collect();
+pub(crate) fn run(args: &Args) -> Result<ExitCode> {
+    let (diagnosis, unsupported) = collect();
     crate::output::stdout(&match args.format {
         Format::Table => render_table(&diagnosis),
         Format::Json => serde_json::to_string_pretty(&diagnosis)? + "\n",
+    })?;
+    Ok(match unsupported {
+        Some(why) => {
+            eprintln!("tap-probe: error: {why}");
+            ExitCode::from(2)
+        }
+        None => ExitCode::SUCCESS,
     })
 }
 
-fn collect() -> Diagnosis {
+fn collect() -> (Diagnosis, Option<Unsupported>) {
     let kernel_release = match std::fs::read_to_string("/proc/sys/kernel/osrelease") {
         Ok(release) => Check::ok(release.trim()),
         Err(err) => Check::failed(&anyhow!(err).context("reading /proc/sys/kernel/osrelease")),
@@ -319,6 +329,11 @@ fn collect() -> Diagnosis {
     };
 
     let syms = Kallsyms::read();
+    let btf_missing = !std::path::Path::new(btf::VMLINUX_BTF).exists();
+    let unsupported = match &syms {
+        Ok(syms) => Unsupported::of(btf_missing, syms),
+        Err(_) => btf_missing.then_some(Unsupported::NoBtf),
+    };
     let (kallsyms_check, functions) = match &syms {
         Ok(syms) => (
             Check::ok(kallsyms::KALLSYMS),
@@ -372,7 +387,7 @@ fn collect() -> Diagnosis {
         },
     };
 
-    Diagnosis {
+    let diagnosis = Diagnosis {
         kernel_release,
         btf: btf_check,
         tracefs,
@@ -396,7 +411,8 @@ fn collect() -> Diagnosis {
                 len: r.range.end - r.range.start,
             })
             .collect(),
-    }
+    };
+    (diagnosis, unsupported)
 }
 
 fn tun_report(kernel: &KernelInfo) -> Tun {

@@ -190,17 +190,31 @@ fn exporter(out: &mut String, report: &Report) {
     );
     for m in &report.missed {
         let program = escape(&m.program);
-        let _ = writeln!(
-            out,
-            "tap_probe_missed_total{{program=\"{program}\",why=\"recursion\"}} {}",
-            m.runs
-        );
+        // Where the kernel does not count them, unknown: no sample (the sources say so).
+        if let Some(runs) = m.runs {
+            let _ = writeln!(
+                out,
+                "tap_probe_missed_total{{program=\"{program}\",why=\"recursion\"}} {runs}"
+            );
+        }
         if let Some(kprobe) = m.kprobe {
             let _ = writeln!(
                 out,
                 "tap_probe_missed_total{{program=\"{program}\",why=\"kprobe\"}} {kprobe}"
             );
         }
+    }
+    out.push_str(
+        "# HELP tap_probe_source_info What feeds each group of counters on this kernel, as \
+         watch's legend and the JSON sources say it (a counter whose source is missing has no \
+         sample).\n# TYPE tap_probe_source_info gauge\n",
+    );
+    for (group, _, source) in report.sources.groups() {
+        let _ = writeln!(
+            out,
+            "tap_probe_source_info{{counters=\"{group}\",source=\"{}\"}} 1",
+            escape(&source)
+        );
     }
     let _ = write!(
         out,
@@ -721,6 +735,16 @@ tap_probe_drop_reason_total{netns="vm \"a\"\\b\nc",device="tap0",kind="tap",queu
 tap_probe_untracked_devices 0
 # HELP tap_probe_missed_total Runs of an eBPF program the kernel skipped (why="recursion": it, or for a kprobe any kprobe program, was running on the CPU) and hits of its kprobes that ran nothing (why="kprobe"); counts the program feeds may be short by them.
 # TYPE tap_probe_missed_total counter
+# HELP tap_probe_source_info What feeds each group of counters on this kernel, as watch's legend and the JSON sources say it (a counter whose source is missing has no sample).
+# TYPE tap_probe_source_info gauge
+tap_probe_source_info{counters="xmit",source="tracepoints net:net_dev_start_xmit, net:net_dev_xmit"} 1
+tap_probe_source_info{counters="drops",source="tracepoint skb:kfree_skb"} 1
+tap_probe_source_info{counters="consumed",source="tracepoint skb:consume_skb (location)"} 1
+tap_probe_source_info{counters="queue_state",source="after each driver call, and tracepoint qdisc:qdisc_dequeue"} 1
+tap_probe_source_info{counters="requeued_stopped",source="tracepoint qdisc:qdisc_dequeue followed to the driver (may be short by bypass requeues)"} 1
+tap_probe_source_info{counters="wakes",source="not told apart (no kprobes): wakes only as DRV_XOFF transitions (queue_wakes)"} 1
+tap_probe_source_info{counters="ring_occupancy",source="not sampled: not in this test"} 1
+tap_probe_source_info{counters="missed",source="the programs' recursion_misses"} 1
 # HELP tap_probe_events_without_slots_total Events of devices created since attach that found no spare counter slots (too many new devices at once): their counts are short by them.
 # TYPE tap_probe_events_without_slots_total counter
 tap_probe_events_without_slots_total 0

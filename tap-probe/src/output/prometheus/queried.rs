@@ -27,7 +27,7 @@ fn served() -> (BTreeSet<String>, BTreeSet<String>) {
     let mut report = crate::output::lines::tests::report(1.0, vec![row]);
     report.missed = vec![tap_probe_observer::bpf::missed::ProgramMissed {
         program: "consume_skb".to_owned(),
-        runs: 1,
+        runs: Some(1),
         kprobe: Some(1),
     }];
     let about = About {

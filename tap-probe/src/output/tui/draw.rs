@@ -275,7 +275,11 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
         out.push(TextLine::raw(format!("  {note}")));
     }
     let caveats = state.report.caveats();
-    if caveats.is_empty() {
+    if !state.report.sources.misses.runs {
+        out.push(TextLine::raw(
+            "missed by the kernel: unknown (this kernel does not count them)",
+        ));
+    } else if caveats.is_empty() {
         out.push(TextLine::raw("missed by the kernel: nothing"));
     }
     for caveat in caveats {

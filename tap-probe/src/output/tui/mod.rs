@@ -269,7 +269,7 @@ mod tests {
         let mut report = state.report.clone();
         report.missed = vec![tap_probe_observer::bpf::missed::ProgramMissed {
             program: "xmit_entry".to_owned(),
-            runs: 2,
+            runs: Some(2),
             kprobe: Some(3),
         }];
         state.update(report);
