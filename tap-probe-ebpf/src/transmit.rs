@@ -14,7 +14,7 @@ use tap_probe_common::{
 };
 
 use crate::clock::Clock;
-use crate::device::{At, locate_skb, txq_state};
+use crate::device::{At, driver, locate_skb, txq_state};
 use crate::events::{record, record_at};
 use crate::facts::{Mem, Probed, Typed, fact};
 use crate::queue_state::observe_queue;
@@ -134,7 +134,7 @@ pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
     // The verifier reads `drop_class` as a constant and never sees the other branch: the
     // reason argument does not exist where drops are told by their path.
     let reason = if by_path() {
-        drop_path(f.flags, skb)
+        drop_path(f.dev, skb)
     } else {
         // `enum skb_drop_reason`.
         ctx.arg(2)
@@ -165,13 +165,15 @@ pub(crate) fn kfree_skb(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// Where the driver dropped the packet at `skb` of the call in flight on this CPU, told by
-/// what it lost during the call ([`DropClass::Path`]) on a device whose `flags` say it is a tun/tap, as the reason the program counts:
+/// what it lost during the call ([`DropClass::Path`]), as the reason the program counts:
 /// `reason_full_ring` (0) where it lost an owner or conntrack reference it had (tun's last
 /// steps before its ring), else a pseudo reason. Only tun/tap's path is known.
 #[inline(always)]
-fn drop_path(flags: u32, skb: u64) -> u32 {
-    // The device's flags, as the call's start found them (`DeviceEntry::flags`).
-    if flags & DEVICE_TUN == 0 {
+fn drop_path(dev: u64, skb: u64) -> u32 {
+    // The driver's own flags, not the entry's: those lose DEVICE_TUN where tun's ring
+    // cannot be found (no module BTF), which says nothing of the path. The device's
+    // address came through a map: only the probe helper reads behind it.
+    if driver::<Probed>(dev).is_none_or(|flags| flags & DEVICE_TUN == 0) {
         return DROP_REASON_UNCLASSIFIED;
     }
     // This CPU's, written at the call's start.

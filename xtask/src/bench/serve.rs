@@ -19,7 +19,7 @@ use super::ab::Goal;
 use super::{Proc, create, default_out, ip_batch, median, runs_dir, write_json};
 use crate::cmd;
 
-/// Goals, each as the issue of dense hosts states it.
+/// Goals for a dense host: what an operator leaves on, at a thousand VMs.
 const GOAL_CPU_SHARE: f64 = 0.01;
 const GOAL_RSS_BYTES: f64 = 100e6;
 const GOAL_FIRST_HEALTHY_S: f64 = 5.0;

@@ -18,6 +18,9 @@ use tap_probe_common::{
 use crate::bpf::sys;
 
 type PerCpuChunk = PerCpuArray<MapData, PerCpuCounters>;
+
+/// The kernel's "operation not supported" (`include/linux/errno.h`, not in libc's).
+const ENOTSUPP: i32 = 524;
 type SharedChunk = Array<MapData, QueueShared>;
 
 /// One chunk's two maps, and the shared one's memory mapped.
@@ -87,6 +90,10 @@ pub(crate) struct Chunks {
     present: Vec<Option<Chunk>>,
     /// CPUs the kernel keeps per-CPU values for (the possible CPUs).
     cpus: usize,
+    /// Whether the kernel reads a run of a per-CPU array's entries in one call
+    /// (`BPF_MAP_LOOKUP_BATCH`, for per-CPU arrays since Linux 5.13): cleared at the first
+    /// `ENOTSUPP`, after which each entry is read on its own.
+    batch: std::cell::Cell<bool>,
 }
 
 impl Chunks {
@@ -113,6 +120,7 @@ impl Chunks {
             outer_fds: [per_cpu_fd, shared_fd],
             present: Vec::new(),
             cpus,
+            batch: std::cell::Cell::new(true),
         })
     }
 
@@ -216,7 +224,8 @@ impl Chunks {
     }
 
     /// Slots `first .. first + n`, all in one chunk: each one's per-CPU counters summed
-    /// over CPUs, and its shared part. One system call, however many slots.
+    /// over CPUs, and its shared part. One system call, however many slots, where the
+    /// kernel reads per-CPU arrays in batches; else one per slot.
     ///
     /// # Errors
     /// When the slots are not in one chunk there is, or a map cannot be read.
@@ -231,9 +240,24 @@ impl Chunks {
         }
         let fd = |map: &MapData| map.fd().as_fd().as_raw_fd();
         let start = first % CHUNK_SLOTS;
+        if !self.batch.get() {
+            return self.read_each(chunk, start, n);
+        }
         let per_cpu_size = size_of::<PerCpuCounters>().next_multiple_of(8);
-        let per_cpu =
-            sys::array_lookup_batch(fd(chunk.per_cpu.map()), start, n, per_cpu_size * self.cpus)?;
+        let per_cpu = match sys::array_lookup_batch(
+            fd(chunk.per_cpu.map()),
+            start,
+            n,
+            per_cpu_size * self.cpus,
+        ) {
+            Ok(bytes) => bytes,
+            Err(err) if err.raw_os_error() == Some(ENOTSUPP) => {
+                log::debug!("no batch lookups of per-CPU arrays here: one lookup per slot");
+                self.batch.set(false);
+                return self.read_each(chunk, start, n);
+            }
+            Err(err) => return Err(err.into()),
+        };
         Ok((0..n as usize)
             .map(|i| {
                 let mut sum = PerCpuCounters::default();
@@ -250,6 +274,25 @@ impl Chunks {
                 (sum, shared)
             })
             .collect())
+    }
+
+    /// [`Self::read_run`] one slot at a time.
+    fn read_each(
+        &self,
+        chunk: &Chunk,
+        start: u32,
+        n: u32,
+    ) -> anyhow::Result<Vec<(PerCpuCounters, QueueShared)>> {
+        (start..start + n)
+            .map(|index| {
+                let values = chunk.per_cpu.get(&index, 0)?;
+                let mut sum = PerCpuCounters::default();
+                for value in values.iter() {
+                    sum += *value;
+                }
+                Ok((sum, chunk.mapped.get(index)))
+            })
+            .collect()
     }
 
     /// The descriptors of the chunks' maps, for their kernel memory.
