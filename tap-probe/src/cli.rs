@@ -340,7 +340,7 @@ mod tests {
     /// `--qdisc` takes tc's names of the qdiscs as well as tap-probe's.
     #[test]
     fn qdiscs_are_named_as_tc_names_them_too() {
-        use tap_probe_lab::lab::load::Qdisc;
+        use tap_probe_spec::traffic::Qdisc;
         for (name, qdisc) in [
             ("fq-codel", Qdisc::FqCodel),
             ("fq_codel", Qdisc::FqCodel),

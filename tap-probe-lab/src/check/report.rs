@@ -7,15 +7,14 @@
 //! evaluated). A run with both a failure and a problem exits 2: part of it is unknown, so
 //! the failures may not be all there is.
 
-use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
-use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::baseline::SavedBaseline;
-use super::expr::{Expectation, MAX_EXACT_INTEGER, Name, format_value};
-use super::spec::{Scenario, Traffic};
+use tap_probe_spec::baseline::SavedBaseline;
+use tap_probe_spec::expr::{Expectation, Name};
+use tap_probe_spec::measured::{Measured, MeasuredValue};
+use tap_probe_spec::spec::{Scenario, Traffic};
 
 /// The counters that say where a run's packets went, in the order a packet meets them:
 /// the sender, the qdisc, the driver, the reader, the kernel's own device counters. A
@@ -38,108 +37,6 @@ pub(crate) const PACKET_FATE: &[&str] = &[
     "kernel_tx_packets",
     "kernel_tx_dropped",
 ];
-
-/// A value a scenario measured, or one an expectation computed from them: a count (kept
-/// exact in JSON) or a rate.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub(crate) enum MeasuredValue {
-    Count(u64),
-    /// Always finite.
-    Real(f64),
-}
-
-impl MeasuredValue {
-    /// The value as expressions see it; counts are exact up to 2^53.
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "packet counts stay far below 2^53, where the conversion is exact"
-    )]
-    pub(crate) fn as_f64(self) -> f64 {
-        match self {
-            Self::Count(n) => n as f64,
-            Self::Real(v) => v,
-        }
-    }
-
-    /// A result of an expression: a count when it is a non-negative integer that converts
-    /// exactly, so that JSON shows `49000`, not `49000.0`.
-    pub(crate) fn from_f64(v: f64) -> Self {
-        #[expect(clippy::cast_precision_loss, reason = "2^53 is exact")]
-        let max = MAX_EXACT_INTEGER as f64;
-        if v.fract() == 0.0 && (0.0..=max).contains(&v) {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a non-negative integer at most 2^53"
-            )]
-            let n = v as u64;
-            Self::Count(n)
-        } else {
-            Self::Real(v)
-        }
-    }
-}
-
-impl fmt::Display for MeasuredValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Count(n) => write!(f, "{n}"),
-            Self::Real(v) => f.write_str(&format_value(*v)),
-        }
-    }
-}
-
-/// The values one scenario's expectations are evaluated against: watch's counters summed
-/// over the tap's queues, the kernel's device counters and the load report's numbers.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Measured(BTreeMap<String, MeasuredValue>);
-
-impl Measured {
-    /// Sets a count (a per-device value such as `kernel_tx_packets`, or a load report's).
-    pub(crate) fn insert_count(&mut self, name: &str, n: u64) {
-        self.0.insert(name.to_owned(), MeasuredValue::Count(n));
-    }
-
-    /// Adds to a count: one call per queue sums a counter over the queues.
-    pub(crate) fn add_count(&mut self, name: &str, n: u64) {
-        let entry = self
-            .0
-            .entry(name.to_owned())
-            .or_insert(MeasuredValue::Count(0));
-        *entry = match *entry {
-            // Counts of one run stay far below u64's range; saturating keeps this total.
-            MeasuredValue::Count(c) => MeasuredValue::Count(c.saturating_add(n)),
-            MeasuredValue::Real(v) => MeasuredValue::Real(v + MeasuredValue::Count(n).as_f64()),
-        };
-    }
-
-    /// Sets a rate or another fraction (`delivered_pps`, `elapsed_secs`).
-    ///
-    /// # Errors
-    /// When the value is NaN or infinite: JSON cannot hold it and no expectation could be
-    /// judged on it, so the measurement that produced it is broken.
-    pub(crate) fn insert_real(&mut self, name: &str, v: f64) -> Result<()> {
-        if !v.is_finite() {
-            bail!("`{name}` measured as {v}, which is not a number an expectation can use");
-        }
-        self.0.insert(name.to_owned(), MeasuredValue::Real(v));
-        Ok(())
-    }
-
-    pub(crate) fn get(&self, name: &str) -> Option<MeasuredValue> {
-        self.0.get(name).copied()
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, MeasuredValue)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), *v))
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -410,6 +307,21 @@ impl CheckReport {
         }
     }
 
+    /// The values this run measured, for `--save-baseline`. Scenarios that measured nothing
+    /// (they failed to run) are left out: a later run comparing with them gets an error
+    /// naming the scenario, not a comparison with nothing.
+    #[must_use]
+    pub fn baseline(&self) -> SavedBaseline {
+        SavedBaseline::new(
+            self.kernel_release.clone(),
+            self.scenarios
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), s.measured.clone()?)))
+                .filter(|(_, measured)| !measured.is_empty())
+                .collect(),
+        )
+    }
+
     /// The `--format json` document.
     #[must_use]
     pub fn to_json(&self) -> String {
@@ -482,10 +394,9 @@ impl CheckReport {
 }
 
 #[cfg(test)]
-#[expect(clippy::float_cmp, reason = "conversions of integers are exact")]
 pub(crate) mod tests {
     use super::*;
-    use crate::check::spec::Spec;
+    use tap_probe_spec::spec::Spec;
 
     /// The names the tests' measurements provide.
     pub(crate) const KNOWN: &[&str] = &[
@@ -582,49 +493,6 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
     }
 
     #[test]
-    fn measured_sums_queues_and_keeps_kinds() {
-        let m = tail_drop();
-        assert_eq!(
-            m.get("dropped_full_ring"),
-            Some(MeasuredValue::Count(49_000))
-        );
-        assert_eq!(m.get("consumed"), Some(MeasuredValue::Count(1000)));
-        assert_eq!(m.get("delivered_pps"), Some(MeasuredValue::Real(4000.0)));
-        assert_eq!(m.get("nothing"), None);
-        let mut m = Measured::default();
-        assert!(m.is_empty());
-        m.add_count("a", u64::MAX);
-        m.add_count("a", 5);
-        assert_eq!(m.get("a"), Some(MeasuredValue::Count(u64::MAX)));
-        m.insert_real("r", 1.5).unwrap();
-        m.add_count("r", 2);
-        assert_eq!(m.get("r"), Some(MeasuredValue::Real(3.5)));
-        assert!(m.insert_real("bad", f64::NAN).is_err());
-        assert!(m.insert_real("bad", f64::INFINITY).is_err());
-        assert_eq!(m.get("bad"), None);
-        let names: Vec<&str> = m.iter().map(|(k, _)| k).collect();
-        assert_eq!(names, ["a", "r"]);
-    }
-
-    #[test]
-    fn values_convert_exactly() {
-        assert_eq!(
-            MeasuredValue::from_f64(49_000.0),
-            MeasuredValue::Count(49_000)
-        );
-        assert_eq!(MeasuredValue::from_f64(0.0), MeasuredValue::Count(0));
-        assert_eq!(MeasuredValue::from_f64(-3.0), MeasuredValue::Real(-3.0));
-        assert_eq!(MeasuredValue::from_f64(0.5), MeasuredValue::Real(0.5));
-        assert_eq!(MeasuredValue::from_f64(1e300), MeasuredValue::Real(1e300));
-        assert_eq!(MeasuredValue::Count(49_000).to_string(), "49000");
-        assert_eq!(MeasuredValue::Real(0.25).to_string(), "0.25");
-        assert_eq!(
-            MeasuredValue::Count(1 << 53).as_f64(),
-            9_007_199_254_740_992.0
-        );
-    }
-
-    #[test]
     fn a_failure_shows_both_sides_and_where_the_packets_went() {
         let report = report();
         let stock = &report.scenarios[0];
@@ -705,8 +573,13 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
             "{}",
             e.explanation()
         );
-        let mut m = backpressure();
-        m.0.remove("qdisc_drops");
+        let mut m = Measured::default();
+        for (name, value) in backpressure().iter().filter(|(n, _)| *n != "qdisc_drops") {
+            match value {
+                MeasuredValue::Count(n) => m.insert_count(name, n),
+                MeasuredValue::Real(v) => m.insert_real(name, v).unwrap(),
+            }
+        }
         let s = ScenarioReport::judged(&spec.scenarios[1], m, None, 1.0);
         assert_eq!(s.expectations[1].verdict, Verdict::Error);
         assert!(
@@ -812,5 +685,53 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
         for name in PACKET_FATE {
             assert!(known.contains(name), "{name}");
         }
+    }
+
+    #[test]
+    fn scenarios_that_measured_nothing_are_left_out() {
+        let spec = spec();
+        let mut report = report();
+        report.scenarios[0] =
+            ScenarioReport::errored(&spec.scenarios[0], "no tun".to_owned(), None, 0.0);
+        let baseline = report.baseline();
+        assert!(baseline.value("stock", "sent").is_err());
+        assert_eq!(
+            baseline.value("fq_codel with backpressure", "sent"),
+            Ok(50_000.0)
+        );
+    }
+
+    #[test]
+    fn a_run_compares_with_its_baseline() {
+        let text = r#"
+[[scenario]]
+name = "fq_codel with backpressure"
+qdisc = "fq-codel"
+backpressure = true
+packets = 50000
+expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.sent"]
+"#;
+        let saved = SavedBaseline::parse(&report().baseline().to_json(), "base.json").unwrap();
+        let spec = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
+        let mut slower = backpressure();
+        slower.insert_real("delivered_pps", 90_000.0).unwrap();
+        let judged = ScenarioReport::judged(&spec.scenarios[0], slower, Some(&saved), 1.0);
+        let e = &judged.expectations[0];
+        assert_eq!(
+            e.message.as_deref(),
+            Some(
+                "`delivered_pps >= 0.95 * baseline.delivered_pps` failed: left `delivered_pps` \
+                 = 90000, right `0.95 * baseline.delivered_pps` = 94981"
+            )
+        );
+        assert_eq!(
+            e.values.to_string(),
+            "delivered_pps = 90000, baseline.delivered_pps = 99980"
+        );
+        assert_eq!(judged.expectations[1].verdict, Verdict::Pass);
+        // Without the baseline at evaluation the value is missing: an error, not a pass.
+        let spec_without = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
+        let judged = ScenarioReport::judged(&spec_without.scenarios[0], backpressure(), None, 1.0);
+        assert_eq!(judged.verdict, Verdict::Error);
     }
 }

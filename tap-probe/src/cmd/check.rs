@@ -11,12 +11,12 @@ use anyhow::{Context as _, Result};
 
 use crate::output::Format;
 use crate::output::progress::{Progress, Status};
-use tap_probe_lab::check::baseline::SavedBaseline;
 use tap_probe_lab::check::report::{CheckReport, Exit, ScenarioReport};
-use tap_probe_lab::check::spec::Spec;
 use tap_probe_lab::check::{junit, run};
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::signals::Stop;
+use tap_probe_spec::baseline::SavedBaseline;
+use tap_probe_spec::spec::Spec;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -93,7 +93,7 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
         write(junit, &junit::render(&report))?;
     }
     if let Some(path) = &args.save_baseline {
-        SavedBaseline::from_report(&report).write(path)?;
+        report.baseline().write(path)?;
     }
     Ok(ExitCode::from(report.exit().code()))
 }

@@ -22,7 +22,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::report::{CheckReport, Measured};
+use crate::measured::{Measured, MeasuredValue};
 
 const FORMAT: &str = "tap-probe-check-baseline";
 const VERSION: u64 = 1;
@@ -46,20 +46,13 @@ struct File {
 }
 
 impl SavedBaseline {
-    /// The values a run measured, for `--save-baseline`. Scenarios that measured nothing
-    /// (they failed to run) are left out: a later run comparing with them gets an error
-    /// naming the scenario, not a comparison with nothing.
+    /// A baseline of what a run measured (`--save-baseline`), per scenario.
     #[must_use]
-    pub fn from_report(report: &CheckReport) -> Self {
+    pub fn new(kernel_release: String, scenarios: BTreeMap<String, Measured>) -> Self {
         Self {
             source: String::new(),
-            kernel_release: report.kernel_release.clone(),
-            scenarios: report
-                .scenarios
-                .iter()
-                .filter_map(|s| Some((s.name.clone(), s.measured.clone()?)))
-                .filter(|(_, measured)| !measured.is_empty())
-                .collect(),
+            kernel_release,
+            scenarios,
         }
     }
 
@@ -155,7 +148,7 @@ impl SavedBaseline {
             })?;
         measured
             .get(name)
-            .map(super::report::MeasuredValue::as_f64)
+            .map(MeasuredValue::as_f64)
             .ok_or_else(|| BaselineError::NoValue {
                 source: self.source.clone(),
                 scenario: scenario.to_owned(),
@@ -217,18 +210,27 @@ impl std::error::Error for BaselineError {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::report::tests::{KNOWN, backpressure, report, spec};
-    use crate::check::report::{MeasuredValue, ScenarioReport};
-    use crate::check::spec::Spec;
+
+    /// What a run of the README's two scenarios saved: a count beyond 2^53 too.
+    pub(crate) fn saved() -> SavedBaseline {
+        let mut stock = Measured::default();
+        stock.insert_count("sent", (1 << 53) + 1);
+        stock.insert_real("delivered_pps", 0.1).unwrap();
+        let mut backpressure = Measured::default();
+        backpressure.insert_count("sent", 50_000);
+        backpressure.insert_real("delivered_pps", 99_980.0).unwrap();
+        SavedBaseline::new(
+            "7.3.0-1-cloud-amd64".to_owned(),
+            BTreeMap::from([
+                ("stock".to_owned(), stock),
+                ("fq_codel with backpressure".to_owned(), backpressure),
+            ]),
+        )
+    }
 
     #[test]
     fn round_trip_keeps_counts_exact() {
-        let mut report = report();
-        let mut m = Measured::default();
-        m.insert_count("sent", (1 << 53) + 1);
-        m.insert_real("delivered_pps", 0.1).unwrap();
-        report.scenarios[0].measured = Some(m);
-        let baseline = SavedBaseline::from_report(&report);
+        let baseline = saved();
         let text = baseline.to_json();
         let read = SavedBaseline::parse(&text, "base.json").unwrap();
         assert_eq!(read.kernel_release(), "7.3.0-1-cloud-amd64");
@@ -252,23 +254,8 @@ mod tests {
     }
 
     #[test]
-    fn scenarios_that_measured_nothing_are_left_out() {
-        let spec = spec();
-        let mut report = report();
-        report.scenarios[0] =
-            ScenarioReport::errored(&spec.scenarios[0], "no tun".to_owned(), None, 0.0);
-        let baseline = SavedBaseline::from_report(&report);
-        let names: Vec<&String> = baseline.scenarios.keys().collect();
-        assert_eq!(names, ["fq_codel with backpressure"]);
-    }
-
-    #[test]
     fn missing_scenario_or_value_names_both() {
-        let read = SavedBaseline::parse(
-            &SavedBaseline::from_report(&report()).to_json(),
-            "base.json",
-        )
-        .unwrap();
+        let read = SavedBaseline::parse(&saved().to_json(), "base.json").unwrap();
         assert_eq!(
             read.value("renamed", "sent").unwrap_err().to_string(),
             "baseline base.json has no scenario \"renamed\" (it has \"fq_codel with \
@@ -339,7 +326,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("check-baseline-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("base.json");
-        let baseline = SavedBaseline::from_report(&report());
+        let baseline = saved();
         baseline.write(&path).unwrap();
         let read = SavedBaseline::read(&path).unwrap();
         assert_eq!(read.scenarios, baseline.scenarios);
@@ -358,46 +345,5 @@ mod tests {
         );
         assert!(err.contains("cannot write baseline"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_run_compares_with_its_baseline() {
-        let text = r#"
-[[scenario]]
-name = "fq_codel with backpressure"
-qdisc = "fq-codel"
-backpressure = true
-packets = 50000
-expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.sent"]
-"#;
-        let saved = SavedBaseline::parse(
-            &SavedBaseline::from_report(&report()).to_json(),
-            "base.json",
-        )
-        .unwrap();
-        let spec = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
-        let mut slower = backpressure();
-        slower.insert_real("delivered_pps", 90_000.0).unwrap();
-        let judged = ScenarioReport::judged(&spec.scenarios[0], slower, Some(&saved), 1.0);
-        let e = &judged.expectations[0];
-        assert_eq!(
-            e.message.as_deref(),
-            Some(
-                "`delivered_pps >= 0.95 * baseline.delivered_pps` failed: left `delivered_pps` \
-                 = 90000, right `0.95 * baseline.delivered_pps` = 94981"
-            )
-        );
-        assert_eq!(
-            e.values.to_string(),
-            "delivered_pps = 90000, baseline.delivered_pps = 99980"
-        );
-        assert_eq!(
-            judged.expectations[1].verdict,
-            crate::check::report::Verdict::Pass
-        );
-        // Without the baseline at evaluation the value is missing: an error, not a pass.
-        let spec_without = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
-        let judged = ScenarioReport::judged(&spec_without.scenarios[0], backpressure(), None, 1.0);
-        assert_eq!(judged.verdict, crate::check::report::Verdict::Error);
     }
 }

@@ -2,8 +2,8 @@ use proptest::prelude::*;
 
 use super::checker::parse_duration;
 use super::*;
-use crate::check::expr::tests::KNOWN;
-use crate::check::report::{CheckReport, Measured, ScenarioReport};
+use crate::expr::tests::KNOWN;
+use crate::measured::Measured;
 
 const GOOD: &str = r#"
 # Stock behaviour first.
@@ -67,7 +67,7 @@ fn reads_every_key_and_defaults() {
             duration: None,
             sender_threads: 1,
             pps: None,
-            reader: Reader::Read,
+            reader: ReaderKind::Read,
             reader_pps: None,
         }
     );
@@ -83,7 +83,7 @@ fn reads_every_key_and_defaults() {
             duration: Some(Duration::from_millis(1500)),
             sender_threads: 2,
             pps: Some(200_000),
-            reader: Reader::Vhost,
+            reader: ReaderKind::Vhost,
             reader_pps: Some(5000),
         }
     );
@@ -113,7 +113,7 @@ fn every_qdisc_and_reader_spelling() {
         assert_eq!(spec.scenarios[0].traffic.qdisc, qdisc);
     }
     let spec = parse(&with("reader = \"read\"")).unwrap();
-    assert_eq!(spec.scenarios[0].traffic.reader, Reader::Read);
+    assert_eq!(spec.scenarios[0].traffic.reader, ReaderKind::Read);
 }
 
 #[test]
@@ -420,22 +420,15 @@ fn all_problems_are_reported_at_once() {
 }
 
 fn baseline_with(scenario: &str, pairs: &[(&str, u64)]) -> SavedBaseline {
-    let text = with("").replace("name = \"s\"", &format!("name = {scenario:?}"));
-    let spec = parse(&text).unwrap();
     let mut measured = Measured::default();
     for (k, v) in pairs {
         measured.insert_count(k, *v);
     }
-    let report = CheckReport {
-        kernel_release: "7.3.0".to_owned(),
-        scenarios: vec![ScenarioReport::judged(
-            &spec.scenarios[0],
-            measured,
-            None,
-            0.0,
-        )],
-    };
-    SavedBaseline::parse(&SavedBaseline::from_report(&report).to_json(), "base.json").unwrap()
+    let saved = SavedBaseline::new(
+        "7.3.0".to_owned(),
+        BTreeMap::from([(scenario.to_owned(), measured)]),
+    );
+    SavedBaseline::parse(&saved.to_json(), "base.json").unwrap()
 }
 
 #[test]

@@ -50,26 +50,25 @@ const MAX_SENDER_THREADS: i64 = 16;
 const MAX_PPS: i64 = 100_000_000;
 const DEFAULT_TX_QUEUE_LEN: u32 = 1000;
 
-pub use crate::lab::load::Qdisc;
-pub use crate::lab::load::ReaderKind as Reader;
+pub use crate::traffic::{Qdisc, ReaderKind};
 
 /// What traffic a scenario runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Traffic {
-    pub(crate) qdisc: Qdisc,
-    pub(crate) backpressure: bool,
-    pub(crate) tx_queue_len: u32,
+    pub qdisc: Qdisc,
+    pub backpressure: bool,
+    pub tx_queue_len: u32,
     /// Stop after this many packets (with `duration`: whichever comes first).
-    pub(crate) packets: Option<u64>,
+    pub packets: Option<u64>,
     /// Stop after this long (with `packets`: whichever comes first).
     #[serde(rename = "duration_secs", serialize_with = "secs")]
     pub duration: Option<Duration>,
-    pub(crate) sender_threads: u32,
+    pub sender_threads: u32,
     /// `None`: as fast as possible (`pps = 0` in the file).
-    pub(crate) pps: Option<u64>,
-    pub(crate) reader: Reader,
+    pub pps: Option<u64>,
+    pub reader: ReaderKind,
     /// `None`: the reader takes packets as fast as it can.
-    pub(crate) reader_pps: Option<u64>,
+    pub reader_pps: Option<u64>,
 }
 
 #[expect(
@@ -85,7 +84,7 @@ pub struct Scenario {
     pub name: String,
     pub traffic: Traffic,
     /// Never empty.
-    pub(crate) expect: Vec<Expectation>,
+    pub expect: Vec<Expectation>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -254,7 +253,7 @@ struct RawScenario {
     pub(super) duration: Option<Spanned<DurationText>>,
     pub(super) sender_threads: Option<Spanned<i64>>,
     pub(super) pps: Option<Spanned<i64>>,
-    pub(super) reader: Option<Spanned<Reader>>,
+    pub(super) reader: Option<Spanned<ReaderKind>>,
     pub(super) reader_pps: Option<Spanned<i64>>,
     pub(super) expect: Option<Spanned<Vec<Spanned<String>>>>,
 }

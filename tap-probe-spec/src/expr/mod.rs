@@ -33,7 +33,7 @@ mod eval;
 mod lex;
 mod parse;
 
-use eval::EvalError;
+pub use eval::EvalError;
 
 /// The prefix that makes a name refer to the baseline's value of the same scenario.
 pub(crate) const BASELINE_PREFIX: &str = "baseline.";
@@ -50,7 +50,7 @@ pub(crate) const MAX_EXACT_INTEGER: u64 = 1 << 53;
 
 /// A value an expression refers to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Name {
+pub enum Name {
     /// A value measured in this run of the scenario.
     Measured(String),
     /// The value the baseline holds for the same scenario (`baseline.NAME`).
@@ -154,7 +154,7 @@ enum ExprKind {
 
 /// One parsed `expect` entry: two sides and the comparison between them.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Expectation {
+pub struct Expectation {
     text: String,
     left: Expr,
     comparison: Comparison,
@@ -188,13 +188,15 @@ impl Expectation {
     }
 
     /// The expectation as written.
-    pub(crate) fn text(&self) -> &str {
+    #[must_use]
+    pub fn text(&self) -> &str {
         &self.text
     }
 
     /// Every name the expectation uses, each once: the measured ones, then the baseline's,
     /// each sorted.
-    pub(crate) fn names(&self) -> BTreeSet<&Name> {
+    #[must_use]
+    pub fn names(&self) -> BTreeSet<&Name> {
         let mut out = BTreeSet::new();
         self.left.collect_names(&mut out);
         self.right.collect_names(&mut out);
@@ -231,10 +233,7 @@ impl Expectation {
     /// # Errors
     /// A name without a value or with a value that is not finite, a division by zero, or a
     /// result beyond `f64`'s range.
-    pub(crate) fn evaluate(
-        &self,
-        lookup: &dyn Fn(&Name) -> Option<f64>,
-    ) -> Result<Outcome, EvalError> {
+    pub fn evaluate(&self, lookup: &dyn Fn(&Name) -> Option<f64>) -> Result<Outcome, EvalError> {
         let left = self.left.eval(&self.text, lookup)?;
         let right = self.right.eval(&self.text, lookup)?;
         Ok(Outcome {
@@ -246,7 +245,8 @@ impl Expectation {
 
     /// One line that shows why the expectation failed: both sides and their values, e.g.
     /// ``` `dropped_full_ring == 0` failed: left `dropped_full_ring` = 49000, right = 0 ```.
-    pub(crate) fn failure_message(&self, outcome: &Outcome) -> String {
+    #[must_use]
+    pub fn failure_message(&self, outcome: &Outcome) -> String {
         format!(
             "`{}` failed: left {}, right {}",
             self.text,

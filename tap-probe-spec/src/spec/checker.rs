@@ -9,10 +9,10 @@ use toml::Spanned;
 use super::source::{line_of, snippet};
 use super::{
     DEFAULT_TX_QUEUE_LEN, MAX_DURATION, MAX_PACKETS, MAX_PPS, MAX_SENDER_THREADS, MAX_TX_QUEUE_LEN,
-    RawScenario, Reader, Scenario, ScenarioRef, SpecError, Traffic,
+    RawScenario, ReaderKind, Scenario, ScenarioRef, SpecError, Traffic,
 };
-use crate::check::baseline::SavedBaseline;
-use crate::check::expr::{Expectation, Name};
+use crate::baseline::SavedBaseline;
+use crate::expr::{Expectation, Name};
 
 /// Validates one raw scenario, pushing every problem; `None` when there was one.
 pub(super) struct Checker<'a> {
@@ -163,7 +163,7 @@ impl Checker<'_> {
                 duration,
                 sender_threads: sender_threads.map_or(Some(1), |v| u32::try_from(v).ok())?,
                 pps: pps.filter(|&v| v > 0),
-                reader: raw.reader.map_or(Reader::Read, Spanned::into_inner),
+                reader: raw.reader.map_or(ReaderKind::Read, Spanned::into_inner),
                 reader_pps,
             },
             expect,
