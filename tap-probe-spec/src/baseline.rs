@@ -253,6 +253,20 @@ mod tests {
         );
     }
 
+    /// Found by the fuzzer (`check_baseline`): an integer too large for a count is read as a
+    /// real, which must read back from the file's own text as the same real, as every rate
+    /// must: JSON's decimal digits rounded correctly, not nearly.
+    #[test]
+    fn reals_read_back_exactly() {
+        let text = r#"{"format": "tap-probe-check-baseline", "version": 1, "kernel_release": "7.3",
+            "scenarios": {"s": {"qdisc_drops": 111111110191111111111, "delivered_pps": 183512.5,
+            "elapsed_secs": 0.30000000000000004}}}"#;
+        let read = SavedBaseline::parse(text, "b.json").unwrap();
+        assert_eq!(read.value("s", "qdisc_drops"), Ok(1.111_111_101_911_111_1e20));
+        let again = SavedBaseline::parse(&read.to_json(), "b.json").unwrap();
+        assert_eq!(again, read);
+    }
+
     #[test]
     fn missing_scenario_or_value_names_both() {
         let read = SavedBaseline::parse(&saved().to_json(), "base.json").unwrap();

@@ -100,7 +100,7 @@ fn round_trip() {
 /// The fuzzing seed was written by a separate script from `docs/trace-format.md` alone.
 #[test]
 fn independently_written_seed_parses() {
-    let (h, recs, t) = read_all(include_bytes!("../../tap-probe/fuzz/seeds/small.trace")).unwrap();
+    let (h, recs, t) = read_all(include_bytes!("../../tap-probe/fuzz/seeds/trace_reader/small.trace")).unwrap();
     assert_eq!(h.kernel_release, "6.18.0");
     assert_eq!(h.devices[0].name, "tap0");
     assert_eq!(h.devices[0].ring_size, 500);

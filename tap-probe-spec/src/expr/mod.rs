@@ -174,7 +174,7 @@ impl Expectation {
     ///
     /// # Errors
     /// When the text is not an expectation; the error points at the column.
-    pub(crate) fn parse(text: &str) -> Result<Self, ParseError> {
+    pub fn parse(text: &str) -> Result<Self, ParseError> {
         if text.chars().count() > MAX_LEN {
             return Err(ParseError::new(
                 text,
@@ -208,7 +208,7 @@ impl Expectation {
     ///
     /// # Errors
     /// Names every unknown name, with the closest known one when there is one.
-    pub(crate) fn check_names(&self, known: &[&str]) -> Result<(), UnknownNames> {
+    pub fn check_names(&self, known: &[&str]) -> Result<(), UnknownNames> {
         let unknown: Vec<UnknownName> = self
             .names()
             .into_iter()
@@ -283,7 +283,7 @@ pub(crate) struct UnknownName {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct UnknownNames(pub(crate) Vec<UnknownName>);
+pub struct UnknownNames(pub(crate) Vec<UnknownName>);
 
 impl fmt::Display for UnknownNames {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -332,7 +332,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// A syntax error, with the column it is at.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ParseError {
+pub struct ParseError {
     text: String,
     /// 1-based, in characters.
     column: usize,
