@@ -23,7 +23,14 @@
 use std::fmt;
 use std::time::Duration;
 
+use tap_probe_common::echo::{MAX_CHARS, quoted};
+
 use super::{ARRIVAL, Ops};
+
+/// What a message quotes of the spec, cut when it is long.
+fn q(text: &str) -> String {
+    quoted(text, MAX_CHARS)
+}
 
 /// At most this many operations are generated (about 1.2 GB of trace in memory).
 pub(crate) const MAX_OPS: f64 = 100e6;
@@ -196,13 +203,13 @@ impl Workload {
         let mut seed = None;
         for item in spec.split(',').map(str::trim) {
             if item.is_empty() {
-                return Err(format!("empty item in {spec:?}"));
+                return Err(format!("empty item in {}", q(spec)));
             }
             let (key, value) = item
                 .split_once('=')
-                .ok_or_else(|| format!("{item:?}: expected KEY=VALUE"))?;
-            let ctx = |e: String| format!("{item:?}: {e}");
-            let twice = || format!("{key} given twice in {spec:?}");
+                .ok_or_else(|| format!("{}: expected KEY=VALUE", q(item)))?;
+            let ctx = |e: String| format!("{}: {e}", q(item));
+            let twice = || format!("{key} given twice in {}", q(spec));
             match key {
                 "producer" => set(&mut producer, parse_process(value).map_err(ctx)?, twice)?,
                 "consumer" => set(&mut consumer, parse_process(value).map_err(ctx)?, twice)?,
@@ -218,8 +225,10 @@ impl Workload {
                 )?,
                 _ => {
                     return Err(format!(
-                        "{item:?}: unknown key {key:?} (expected producer, consumer, duration, \
-                         ring, batch or seed)"
+                        "{}: unknown key {} (expected producer, consumer, duration, \
+                         ring, batch or seed)",
+                        q(item),
+                        q(key)
                     ));
                 }
             }
@@ -298,8 +307,9 @@ fn parse_process(s: &str) -> Result<Process, String> {
         }
         _ => {
             return Err(format!(
-                "unknown process {s:?}: expected const:RATE, poisson:RATE, burst:N:RATE or \
-                 pause:RATE:ON:OFF"
+                "unknown process {}: expected const:RATE, poisson:RATE, burst:N:RATE or \
+                 pause:RATE:ON:OFF",
+                q(s)
             ));
         }
     };
@@ -316,14 +326,15 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     };
     let v: f64 = num
         .parse()
-        .map_err(|_| format!("rate {s:?} is not a number (per second, e.g. 200k)"))?;
+        .map_err(|_| format!("rate {} is not a number (per second, e.g. 200k)", q(s)))?;
     let v = v * mult;
     if !v.is_finite() || v <= 0.0 {
-        return Err(format!("rate {s:?} must be above 0 per second"));
+        return Err(format!("rate {} must be above 0 per second", q(s)));
     }
     if v > 1e9 {
         return Err(format!(
-            "rate {s:?} is more than one event per nanosecond, the resolution of the model"
+            "rate {} is more than one event per nanosecond, the resolution of the model",
+            q(s)
         ));
     }
     Ok(v)
@@ -333,18 +344,18 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 fn parse_time(s: &str) -> Result<u64, String> {
     let time = tap_probe_common::duration::parse(s).map_err(|e| format!("time {e}"))?;
     if time < Duration::from_nanos(1) {
-        return Err(format!("time {s:?} must be at least 1 ns"));
+        return Err(format!("time {} must be at least 1 ns", q(s)));
     }
     if time > Duration::from_hours(24) {
-        return Err(format!("time {s:?} is longer than a day"));
+        return Err(format!("time {} is longer than a day", q(s)));
     }
-    u64::try_from(time.as_nanos()).map_err(|_| format!("time {s:?} is longer than a day"))
+    u64::try_from(time.as_nanos()).map_err(|_| format!("time {} is longer than a day", q(s)))
 }
 
 fn parse_count(s: &str, max: u32) -> Result<u32, String> {
     let v: u32 = s
         .parse()
-        .map_err(|_| format!("{s:?} is not a whole number"))?;
+        .map_err(|_| format!("{} is not a whole number", q(s)))?;
     if v == 0 || v > max {
         return Err(format!("{v} is outside 1..={max}"));
     }

@@ -19,13 +19,20 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
+use tap_probe_common::echo::{MAX_CHARS, clip_quoted, clipped, quoted};
 
 use crate::measured::{Measured, MeasuredValue};
 
 const FORMAT: &str = "tap-probe-check-baseline";
 const VERSION: u64 = 1;
+
+/// The largest baseline read, in bytes: a run of [`crate::spec::MAX_SCENARIOS`] scenarios
+/// saves some 10 MB. A larger file (or a device that never ends) is refused before it is read.
+pub const MAX_BYTES: u64 = 16 << 20;
+/// The most of its scenarios a message names when the baseline lacks one.
+const HAS_SHOWN: usize = 10;
 
 /// A baseline file's contents: per scenario, the values an earlier run measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,7 +84,10 @@ impl SavedBaseline {
     /// When the text is not a baseline of this version, saying what to do.
     pub fn parse(text: &str, source: &str) -> Result<Self> {
         let redo = "write it with `tap-probe check --save-baseline FILE`";
+        // serde_json's messages quote what they read: cut, as every echo is.
+        let reader = |err: serde_json::Error| anyhow!(clip_quoted(&err.to_string()));
         let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(reader)
             .with_context(|| format!("baseline {source} is not JSON; {redo}"))?;
         if value.get("format").and_then(serde_json::Value::as_str) != Some(FORMAT) {
             bail!(
@@ -95,6 +105,7 @@ impl SavedBaseline {
             ),
         }
         let file: File = serde_json::from_value(value)
+            .map_err(reader)
             .with_context(|| format!("baseline {source} is damaged; {redo}"))?;
         Ok(Self {
             source: source.to_owned(),
@@ -144,7 +155,8 @@ impl SavedBaseline {
             .ok_or_else(|| BaselineError::NoScenario {
                 source: self.source.clone(),
                 scenario: scenario.to_owned(),
-                has: self.scenarios.keys().cloned().collect(),
+                has: self.scenarios.keys().take(HAS_SHOWN).cloned().collect(),
+                of: self.scenarios.len(),
             })?;
         measured
             .get(name)
@@ -163,7 +175,10 @@ pub enum BaselineError {
     NoScenario {
         source: String,
         scenario: String,
+        /// The first of the scenarios it has, at most [`HAS_SHOWN`].
         has: Vec<String>,
+        /// How many it has.
+        of: usize,
     },
     NoValue {
         source: String,
@@ -179,13 +194,21 @@ impl fmt::Display for BaselineError {
                 source,
                 scenario,
                 has,
+                of,
             } => {
-                write!(f, "baseline {source} has no scenario {scenario:?}")?;
+                write!(
+                    f,
+                    "baseline {source} has no scenario {}",
+                    quoted(scenario, MAX_CHARS)
+                )?;
                 if has.is_empty() {
                     f.write_str(" (it has none)")?;
                 } else {
-                    let has: Vec<String> = has.iter().map(|s| format!("{s:?}")).collect();
-                    write!(f, " (it has {})", has.join(", "))?;
+                    let mut names: Vec<String> = has.iter().map(|s| quoted(s, MAX_CHARS)).collect();
+                    if *of > has.len() {
+                        names.push(format!("and {} more", of - has.len()));
+                    }
+                    write!(f, " (it has {})", names.join(", "))?;
                 }
                 f.write_str(
                     "; save a baseline from a run of this spec with --save-baseline, or fix \
@@ -196,11 +219,15 @@ impl fmt::Display for BaselineError {
                 source,
                 scenario,
                 name,
-            } => write!(
-                f,
-                "baseline {source} has no `{name}` for scenario {scenario:?}; the run that \
-                 saved it did not measure `{name}`: save the baseline again"
-            ),
+            } => {
+                let name = clipped(name, MAX_CHARS);
+                write!(
+                    f,
+                    "baseline {source} has no `{name}` for scenario {}; the run that saved it \
+                     did not measure `{name}`: save the baseline again",
+                    quoted(scenario, MAX_CHARS)
+                )
+            }
         }
     }
 }
@@ -262,7 +289,10 @@ mod tests {
             "scenarios": {"s": {"qdisc_drops": 111111110191111111111, "delivered_pps": 183512.5,
             "elapsed_secs": 0.30000000000000004}}}"#;
         let read = SavedBaseline::parse(text, "b.json").unwrap();
-        assert_eq!(read.value("s", "qdisc_drops"), Ok(1.111_111_101_911_111_1e20));
+        assert_eq!(
+            read.value("s", "qdisc_drops"),
+            Ok(1.111_111_101_911_111_1e20)
+        );
         let again = SavedBaseline::parse(&read.to_json(), "b.json").unwrap();
         assert_eq!(again, read);
     }
@@ -336,28 +366,39 @@ mod tests {
     }
 
     #[test]
-    fn files_are_written_and_read() {
-        let dir = std::env::temp_dir().join(format!("check-baseline-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("base.json");
-        let baseline = saved();
-        baseline.write(&path).unwrap();
-        let read = SavedBaseline::read(&path).unwrap();
-        assert_eq!(read.scenarios, baseline.scenarios);
-        assert!(read.source.ends_with("base.json"));
-        let err = format!(
-            "{:#}",
-            SavedBaseline::read(&dir.join("missing.json")).unwrap_err()
-        );
+    fn what_a_message_quotes_is_bounded() {
+        // A baseline of many scenarios: ten are named, the others counted.
+        let many: BTreeMap<String, Measured> = (0..10_000)
+            .map(|i| (format!("scenario {i:05}"), Measured::default()))
+            .collect();
+        let err = SavedBaseline::new("7.3".to_owned(), many)
+            .value("renamed", "sent")
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains("missing.json") && err.contains("--save-baseline"),
+            err.contains("\"scenario 00009\", and 9990 more); save a baseline"),
             "{err}"
         );
-        let err = format!(
-            "{:#}",
-            baseline.write(&dir.join("no/such/dir.json")).unwrap_err()
+        assert!(!err.contains("scenario 00010"), "{err}");
+        // A name of a megabyte, asked for or found in the file, is cut.
+        let long = "n".repeat(1_000_000);
+        let err = saved().value(&long, &long).unwrap_err().to_string();
+        assert!(
+            err.len() < 1000 && err.contains("(1000000 characters)"),
+            "{err}"
         );
-        assert!(err.contains("cannot write baseline"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        let err = saved().value("stock", &long).unwrap_err().to_string();
+        assert!(
+            err.len() < 1000 && err.contains("(1000000 characters)`"),
+            "{err}"
+        );
+        let text = format!(
+            r#"{{"format": "tap-probe-check-baseline", "version": 1, "kernel_release": "x",
+            "scenarios": {{"s": {{"sent": "{long}"}}}}}}"#
+        );
+        let err = format!("{:#}", SavedBaseline::parse(&text, "b.json").unwrap_err());
+        assert!(err.len() < 1000 && err.contains("is damaged"), "{err}");
+        let err = format!("{:#}", SavedBaseline::parse(&long, "b.json").unwrap_err());
+        assert!(err.len() < 1000 && err.contains("is not JSON"), "{err}");
     }
 }

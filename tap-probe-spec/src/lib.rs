@@ -8,6 +8,7 @@
 //! and fuzzed without the observer (`tap-probe/fuzz`).
 
 pub mod baseline;
+mod caret;
 pub mod expr;
 pub mod measured;
 pub mod spec;

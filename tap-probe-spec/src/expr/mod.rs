@@ -29,6 +29,8 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use tap_probe_common::echo::{MAX_CHARS, clipped};
+
 mod eval;
 mod lex;
 mod parse;
@@ -291,7 +293,11 @@ impl fmt::Display for UnknownNames {
             if i > 0 {
                 f.write_str("; ")?;
             }
-            write!(f, "unknown name `{}`", unknown.name)?;
+            write!(
+                f,
+                "unknown name `{}`",
+                clipped(&unknown.name.to_string(), MAX_CHARS)
+            )?;
             if let Some(suggestion) = &unknown.suggestion {
                 write!(f, " (did you mean `{suggestion}`?)")?;
             }
@@ -367,22 +373,15 @@ impl ParseError {
 }
 
 impl fmt::Display for ParseError {
-    /// The message, then the expression and a caret line under the culprit. Control
-    /// characters show as spaces so that the caret stays under its column.
+    /// The message, then the expression and a caret line under the culprit
+    /// ([`crate::caret`]: cut around it when the expression is long).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: String = self
-            .text
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
         write!(
             f,
-            "{} at column {}\n    {}\n    {}{}",
+            "{} at column {}\n{}",
             self.message,
             self.column,
-            shown.trim_end(),
-            " ".repeat(self.column - 1),
-            "^".repeat(self.width)
+            crate::caret::under(&self.text, self.column - 1, self.width, "    ")
         )
     }
 }

@@ -36,7 +36,8 @@ use toml::Spanned;
 use super::baseline::SavedBaseline;
 use super::expr::Expectation;
 use checker::Checker;
-use source::toml_error;
+use source::{Source, toml_error};
+use tap_probe_common::echo::{MAX_CHARS, clipped, quoted};
 
 /// The largest ring tun allocates on x86-64: `__ptr_ring_init_queue_alloc` refuses more
 /// than `KMALLOC_MAX_SIZE / sizeof(void *)` entries (`include/linux/ptr_ring.h`), 4 MiB / 8.
@@ -49,6 +50,16 @@ const MAX_SENDER_THREADS: i64 = 16;
 /// One frame every 10 ns: beyond what a tap can take, so a larger rate is a typo.
 const MAX_PPS: i64 = 100_000_000;
 const DEFAULT_TX_QUEUE_LEN: u32 = 1000;
+
+/// The largest spec read, in bytes: some 200,000 scenarios of the README's size, far beyond
+/// [`MAX_SCENARIOS`]. A larger file (or a device that never ends, `/dev/zero`) is refused
+/// before it is read.
+pub const MAX_BYTES: u64 = 16 << 20;
+/// The most scenarios one check runs. Each builds a namespace and a tap of its own and runs
+/// its traffic, one after another: ten thousand take hours at the least.
+pub const MAX_SCENARIOS: usize = 10_000;
+/// The most problems a message shows in full; the others are counted, as compilers do.
+pub const MAX_SHOWN: usize = 20;
 
 pub use crate::traffic::{Qdisc, ReaderKind};
 
@@ -106,21 +117,26 @@ impl Spec {
         baseline: Option<&SavedBaseline>,
     ) -> Result<Spec, SpecErrors> {
         let raw: RawSpec = toml::from_str(text)
-            .map_err(|err| SpecErrors(vec![toml_error(text, err.message(), err.span())]))?;
+            .map_err(|err| SpecErrors::one(toml_error(text, err.message(), err.span())))?;
         if raw.scenario.is_empty() {
-            return Err(SpecErrors(vec![SpecError {
-                scenario: None,
-                key: None,
-                line: None,
-                message: "the spec has no scenarios; add at least one `[[scenario]]` table, \
-                          e.g.\n    [[scenario]]\n    name = \"stock tail-drop\"\n    \
-                          qdisc = \"pfifo-fast\"\n    packets = 50000\n    \
-                          expect = [\"consumed + dropped_full_ring == sent\"]"
+            return Err(SpecErrors::one(SpecError::general(
+                "the spec has no scenarios; add at least one `[[scenario]]` table, \
+                 e.g.\n    [[scenario]]\n    name = \"stock tail-drop\"\n    \
+                 qdisc = \"pfifo-fast\"\n    packets = 50000\n    \
+                 expect = [\"consumed + dropped_full_ring == sent\"]"
                     .to_owned(),
-                detail: None,
-            }]));
+            )));
         }
-        let mut errors = Vec::new();
+        if raw.scenario.len() > MAX_SCENARIOS {
+            return Err(SpecErrors::one(SpecError::general(format!(
+                "the spec has {} scenarios; one check runs at most {MAX_SCENARIOS} (each builds \
+                 a namespace and a tap of its own and runs its traffic, one after another): \
+                 split it into several specs",
+                raw.scenario.len()
+            ))));
+        }
+        let source = Source::new(text);
+        let mut errors = SpecErrors::default();
         let mut scenarios = Vec::new();
         let mut first_with_name: BTreeMap<String, usize> = BTreeMap::new();
         for (i, raw) in raw.scenario.into_iter().enumerate() {
@@ -131,7 +147,7 @@ impl Spec {
                 name: raw.name.as_ref().map(|n| n.get_ref().clone()),
             };
             let mut check = Checker {
-                text,
+                source: &source,
                 at: &at,
                 header: header.clone(),
                 errors: &mut errors,
@@ -154,10 +170,10 @@ impl Spec {
                 }
             }
         }
-        if errors.is_empty() {
+        if errors.total == 0 {
             Ok(Spec { scenarios })
         } else {
-            Err(SpecErrors(errors))
+            Err(errors)
         }
     }
 }
@@ -173,7 +189,7 @@ impl fmt::Display for ScenarioRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "scenario {}", self.index)?;
         if let Some(name) = &self.name {
-            write!(f, " ({name:?})")?;
+            write!(f, " ({})", quoted(name, MAX_CHARS))?;
         }
         Ok(())
     }
@@ -199,7 +215,7 @@ impl fmt::Display for SpecError {
             context.push(scenario.to_string());
         }
         if let Some(key) = &self.key {
-            context.push(format!("key `{key}`"));
+            context.push(format!("key `{}`", clipped(key, MAX_CHARS)));
         }
         if let Some(line) = self.line {
             context.push(format!("line {line}"));
@@ -215,17 +231,67 @@ impl fmt::Display for SpecError {
     }
 }
 
-/// Every problem found in a spec, in file order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpecErrors(pub(crate) Vec<SpecError>);
+impl SpecError {
+    /// A problem of the whole spec, in no scenario.
+    fn general(message: String) -> Self {
+        Self {
+            scenario: None,
+            key: None,
+            line: None,
+            message,
+            detail: None,
+        }
+    }
+}
+
+/// The problems found in a spec, in file order: the first [`MAX_SHOWN`] in full, and how
+/// many there are in all. Those beyond are only counted, so that neither the message nor the
+/// memory grows with the spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpecErrors {
+    pub(crate) shown: Vec<SpecError>,
+    pub(crate) total: usize,
+}
+
+impl SpecErrors {
+    fn one(error: SpecError) -> Self {
+        Self {
+            shown: vec![error],
+            total: 1,
+        }
+    }
+
+    /// Counts a problem, and keeps `error()` while fewer than [`MAX_SHOWN`] are kept.
+    pub(crate) fn push(&mut self, error: impl FnOnce() -> SpecError) {
+        if self.shown.len() < MAX_SHOWN {
+            self.shown.push(error());
+        }
+        self.total += 1;
+    }
+
+    /// How many problems there are, shown or not.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
 
 impl fmt::Display for SpecErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, err) in self.0.iter().enumerate() {
+        for (i, err) in self.shown.iter().enumerate() {
             if i > 0 {
                 f.write_str("\n")?;
             }
             write!(f, "{err}")?;
+        }
+        let more = self.total - self.shown.len();
+        if more > 0 {
+            write!(
+                f,
+                "\n... and {more} more problem{} ({} in all); fix these and check again",
+                if more == 1 { "" } else { "s" },
+                self.total
+            )?;
         }
         Ok(())
     }
