@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
@@ -112,30 +111,6 @@ impl SavedBaseline {
             kernel_release: file.kernel_release,
             scenarios: file.scenarios,
         })
-    }
-
-    /// Reads `--baseline FILE`.
-    ///
-    /// # Errors
-    /// When the file cannot be read or is not a baseline.
-    pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "cannot read baseline {}; pass a file written by `tap-probe check \
-                 --save-baseline FILE`",
-                path.display()
-            )
-        })?;
-        Self::parse(&text, &path.display().to_string())
-    }
-
-    /// Writes `--save-baseline FILE`.
-    ///
-    /// # Errors
-    /// When the file cannot be written.
-    pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_json())
-            .with_context(|| format!("cannot write baseline {}", path.display()))
     }
 
     /// The kernel the baseline was measured on.

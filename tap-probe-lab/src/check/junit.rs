@@ -564,10 +564,7 @@ mod tests {
         let mut scenario = ScenarioReport::errored(&spec.scenarios[0], nasty.to_owned(), None, 0.0);
         scenario.name = nasty.to_owned();
         scenario.expectations[0].expect = nasty.to_owned();
-        let report = CheckReport {
-            kernel_release: nasty.to_owned(),
-            scenarios: vec![scenario],
-        };
+        let report = CheckReport::new(nasty.to_owned(), vec![scenario]);
         let doc = xml::parse(&render(&report)).unwrap();
         let expected = "a<b>&\"c\" 'd'\n\te\r]]>\u{FFFD}\u{FFFD}é😀";
         let suite = doc.one("testsuite");

@@ -4,8 +4,9 @@
 //!
 //! Exit codes: 0 when every expectation holds, 1 when one fails, 2 when the spec or the
 //! kernel is the problem (a scenario could not run, or an expectation could not be
-//! evaluated). A run with both a failure and a problem exits 2: part of it is unknown, so
-//! the failures may not be all there is.
+//! evaluated) or the run could not be completed (an output could not be written). A run
+//! with both a failure and a problem exits 2: part of it is unknown, so the failures may
+//! not be all there is.
 
 use std::fmt::{self, Write as _};
 
@@ -264,7 +265,7 @@ pub enum Exit {
     Holds,
     /// At least one expectation fails, and everything could be judged.
     Fails,
-    /// The spec or the kernel is the problem.
+    /// The spec or the kernel is the problem, or the run could not be completed.
     Problem,
 }
 
@@ -285,6 +286,9 @@ pub struct CheckReport {
     /// `uname -r` of the kernel the scenarios ran on.
     pub kernel_release: String,
     pub scenarios: Vec<ScenarioReport>,
+    /// The outputs that could not be written (`--junit FILE`): the run could not be
+    /// completed.
+    pub unwritten: Vec<String>,
 }
 
 impl CheckReport {
@@ -298,8 +302,23 @@ impl CheckReport {
             .unwrap_or(Verdict::Error)
     }
 
+    /// A run of `scenarios`, not short of an output yet.
+    #[must_use]
+    pub fn new(kernel_release: String, scenarios: Vec<ScenarioReport>) -> Self {
+        Self {
+            kernel_release,
+            scenarios,
+            unwritten: Vec::new(),
+        }
+    }
+
+    /// How the process exits: 2 when an output could not be written, else by the worst
+    /// verdict.
     #[must_use]
     pub fn exit(&self) -> Exit {
+        if !self.unwritten.is_empty() {
+            return Exit::Problem;
+        }
         match self.verdict() {
             Verdict::Pass => Exit::Holds,
             Verdict::Fail => Exit::Fails,
@@ -330,12 +349,14 @@ impl CheckReport {
             kernel_release: &'a str,
             verdict: Verdict,
             exit_code: u8,
+            unwritten: &'a [String],
             scenarios: &'a [ScenarioReport],
         }
         let document = CheckDocument {
             kernel_release: &self.kernel_release,
             verdict: self.verdict(),
             exit_code: self.exit().code(),
+            unwritten: &self.unwritten,
             scenarios: &self.scenarios,
         };
         // Plain data with string keys and finite numbers: serialising cannot fail.
@@ -380,15 +401,18 @@ impl CheckReport {
             }
         }
         let count = |v: Verdict| self.scenarios.iter().filter(|s| s.verdict == v).count();
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "{} scenarios: {} passed, {} failed, {} errors (exit {})",
+            "{} scenarios: {} passed, {} failed, {} errors",
             self.scenarios.len(),
             count(Verdict::Pass),
             count(Verdict::Fail),
             count(Verdict::Error),
-            self.exit().code()
         );
+        if !self.unwritten.is_empty() {
+            let _ = write!(out, "; not written: {}", self.unwritten.join(", "));
+        }
+        let _ = writeln!(out, " (exit {})", self.exit().code());
         out
     }
 }
@@ -483,13 +507,13 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
 
     pub(crate) fn report() -> CheckReport {
         let spec = spec();
-        CheckReport {
-            kernel_release: "7.3.0-1-cloud-amd64".to_owned(),
-            scenarios: vec![
+        CheckReport::new(
+            "7.3.0-1-cloud-amd64".to_owned(),
+            vec![
                 ScenarioReport::judged(&spec.scenarios[0], tail_drop(), None, 1.25),
                 ScenarioReport::judged(&spec.scenarios[1], backpressure(), None, 2.5),
             ],
-        }
+        )
     }
 
     #[test]
@@ -663,20 +687,43 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
              passed, 1 failed, 0 errors (exit 1)\n"
         );
         let spec = spec();
-        let errored = CheckReport {
-            kernel_release: String::new(),
-            scenarios: vec![ScenarioReport::errored(
+        let errored = CheckReport::new(
+            String::new(),
+            vec![ScenarioReport::errored(
                 &spec.scenarios[0],
                 "no tun module".to_owned(),
                 None,
                 0.0,
             )],
-        };
+        );
         assert_eq!(
             errored.text(),
             "ERROR stock (0 of 2 expectations hold, 0.0 s)\n      no tun module\n1 scenarios: \
              0 passed, 0 failed, 1 errors (exit 2)\n"
         );
+    }
+
+    /// An output that could not be written makes the run's status 2, whatever the
+    /// verdicts, and the report's last line and its JSON name it.
+    #[test]
+    fn an_unwritten_output_is_a_problem_of_the_run() {
+        let mut report = report();
+        assert_eq!(report.exit(), Exit::Fails);
+        report
+            .unwritten
+            .push("--save-baseline /dev/full".to_owned());
+        assert_eq!(report.exit(), Exit::Problem);
+        assert!(
+            report.text().ends_with(
+                "2 scenarios: 1 passed, 1 failed, 0 errors; not written: --save-baseline \
+                 /dev/full (exit 2)\n"
+            ),
+            "{}",
+            report.text()
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["exit_code"], 2);
+        assert_eq!(json["unwritten"][0], "--save-baseline /dev/full");
     }
 
     #[test]

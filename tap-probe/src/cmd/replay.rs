@@ -118,6 +118,9 @@ struct ReplayOutput<'a> {
 /// A bad trace (with the byte offset), an impossible spec, or an output that cannot be
 /// written.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.plot {
+        tap_probe_observer::os::files::check_output(path, "--plot")?;
+    }
     let policies = if args.policies.is_empty() {
         Policy::DEFAULTS.to_vec()
     } else {

@@ -4,12 +4,14 @@
 //! `record`, `load`, `demo` and `check`, stdin at end of file from the start (systemd,
 //! `nohup`), and `vm`, whose QEMU goes with it whatever ends it. After each run: none of its
 //! processes runs (by PID, everything under it included), none of its BPF programs is loaded
-//! or attached (bpf(2)), and no namespace, device or qdisc it made is left.
+//! or attached (bpf(2)), and no namespace, device or qdisc it made is left. Bad input
+//! (`bad_input`) ends a run before it starts, and leaves nothing either.
 #![expect(
     unused_crate_dependencies,
     reason = "a test binary uses a few of the package's dependencies"
 )]
 
+mod bad_input;
 #[path = "../common/mod.rs"]
 mod common;
 mod leftovers;
