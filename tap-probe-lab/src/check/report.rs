@@ -6,10 +6,12 @@
 //! kernel is the problem (a scenario could not run, or an expectation could not be
 //! evaluated) or the run could not be completed (an output could not be written). A run
 //! with both a failure and a problem exits 2: part of it is unknown, so the failures may
-//! not be all there is.
+//! not be all there is. A run stopped by a signal ends with that signal once it has
+//! reported, which a shell shows as 128 + N; its report says so.
 
 use std::fmt::{self, Write as _};
 
+use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 
 use tap_probe_spec::baseline::SavedBaseline;
@@ -267,16 +269,31 @@ pub enum Exit {
     Fails,
     /// The spec or the kernel is the problem, or the run could not be completed.
     Problem,
+    /// A signal stopped the run: the process ends with it, once it has reported.
+    Stopped(Signal),
 }
 
 impl Exit {
+    /// The exit status a shell shows: for a signal, 128 + its number.
     #[must_use]
     pub fn code(self) -> u8 {
         match self {
             Self::Holds => 0,
             Self::Fails => 1,
             Self::Problem => 2,
+            // Every signal that stops a run (SIGINT, SIGTERM, SIGHUP, SIGPIPE) is below 128.
+            Self::Stopped(signal) => 128 + u8::try_from(signal as i32).unwrap_or(0),
         }
+    }
+}
+
+impl fmt::Display for Exit {
+    /// As the report's last line ends: `exit 1`, `stopped by SIGTERM: exit 143`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Stopped(signal) = self {
+            write!(f, "stopped by {signal}: ")?;
+        }
+        write!(f, "exit {}", self.code())
     }
 }
 
@@ -286,6 +303,8 @@ pub struct CheckReport {
     /// `uname -r` of the kernel the scenarios ran on.
     pub kernel_release: String,
     pub scenarios: Vec<ScenarioReport>,
+    /// The signal that stopped the run, which the process ends with.
+    pub stopped_by: Option<Signal>,
     /// The outputs that could not be written (`--junit FILE`): the run could not be
     /// completed.
     pub unwritten: Vec<String>,
@@ -302,20 +321,24 @@ impl CheckReport {
             .unwrap_or(Verdict::Error)
     }
 
-    /// A run of `scenarios`, not short of an output yet.
+    /// A run of `scenarios`, neither stopped nor short of an output yet.
     #[must_use]
     pub fn new(kernel_release: String, scenarios: Vec<ScenarioReport>) -> Self {
         Self {
             kernel_release,
             scenarios,
+            stopped_by: None,
             unwritten: Vec::new(),
         }
     }
 
-    /// How the process exits: 2 when an output could not be written, else by the worst
-    /// verdict.
+    /// How the process exits: with the signal that stopped it, 2 when an output could not
+    /// be written, else by the worst verdict.
     #[must_use]
     pub fn exit(&self) -> Exit {
+        if let Some(signal) = self.stopped_by {
+            return Exit::Stopped(signal);
+        }
         if !self.unwritten.is_empty() {
             return Exit::Problem;
         }
@@ -349,6 +372,8 @@ impl CheckReport {
             kernel_release: &'a str,
             verdict: Verdict,
             exit_code: u8,
+            /// The signal the process ends with (`exit_code` is 128 + its number).
+            stopped_by: Option<&'a str>,
             unwritten: &'a [String],
             scenarios: &'a [ScenarioReport],
         }
@@ -356,6 +381,7 @@ impl CheckReport {
             kernel_release: &self.kernel_release,
             verdict: self.verdict(),
             exit_code: self.exit().code(),
+            stopped_by: self.stopped_by.map(Signal::as_str),
             unwritten: &self.unwritten,
             scenarios: &self.scenarios,
         };
@@ -412,7 +438,7 @@ impl CheckReport {
         if !self.unwritten.is_empty() {
             let _ = write!(out, "; not written: {}", self.unwritten.join(", "));
         }
-        let _ = writeln!(out, " (exit {})", self.exit().code());
+        let _ = writeln!(out, " ({})", self.exit());
         out
     }
 }
@@ -724,6 +750,40 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["exit_code"], 2);
         assert_eq!(json["unwritten"][0], "--save-baseline /dev/full");
+    }
+
+    /// A run stopped by a signal states, on its last line and in its JSON, the status the
+    /// process ends with: that signal's, which a shell shows as 128 + N, whatever the
+    /// verdicts or the outputs.
+    #[test]
+    fn a_stopped_run_states_the_status_the_process_ends_with() {
+        let mut report = report();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["stopped_by"], serde_json::Value::Null);
+        report
+            .unwritten
+            .push("--save-baseline /dev/full".to_owned());
+        report.stopped_by = Some(Signal::SIGTERM);
+        assert_eq!(report.exit(), Exit::Stopped(Signal::SIGTERM));
+        assert!(
+            report.text().ends_with(
+                "2 scenarios: 1 passed, 1 failed, 0 errors; not written: --save-baseline \
+                 /dev/full (stopped by SIGTERM: exit 143)\n"
+            ),
+            "{}",
+            report.text()
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["exit_code"], 143);
+        assert_eq!(json["stopped_by"], "SIGTERM");
+        for (signal, code) in [
+            (Signal::SIGINT, 130),
+            (Signal::SIGTERM, 143),
+            (Signal::SIGHUP, 129),
+            (Signal::SIGPIPE, 141),
+        ] {
+            assert_eq!(Exit::Stopped(signal).code(), code);
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `tap-probe check SPEC`: runs the scenarios of a spec on the running kernel, one after
 //! another, and judges their expectations; exit 0 when all hold, 1 when one fails, 2 when
 //! the spec or the kernel is the problem or the run could not be completed (an output that
-//! cannot be written). The CI gate, typically inside a guest:
+//! cannot be written), and, stopped by a signal, that signal. The CI gate, typically inside
+//! a guest:
 //! `tap-probe vm --kernel bzImage --out out -- check lab.toml --junit out/junit.xml`.
 
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use tap_probe_lab::check::report::{CheckReport, Exit, ScenarioReport};
 use tap_probe_lab::check::{junit, run};
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::files;
-use tap_probe_observer::os::signals::Stop;
+use tap_probe_observer::os::signals::{Stop, Why};
 use tap_probe_spec::baseline::{self, SavedBaseline};
 use tap_probe_spec::spec::{self, Spec};
 
@@ -94,6 +95,7 @@ pub(crate) fn run(args: &Args) -> Result<ExitCode> {
             )
         }
     };
+    report.stopped_by = tap_probe_observer::os::signals::why().map(Why::signal);
     // The files first, so that the report's last line states the status they leave: a file
     // that cannot be written after all (a full disk, `/dev/full`) means the run could not be
     // completed, exit 2, not that an expectation failed.
