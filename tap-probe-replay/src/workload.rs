@@ -24,6 +24,7 @@ use std::fmt;
 use std::time::Duration;
 
 use tap_probe_common::echo::{MAX_CHARS, quoted};
+use tap_probe_trace::RingSize;
 
 use super::{ARRIVAL, Ops};
 
@@ -214,7 +215,7 @@ impl Workload {
                 "producer" => set(&mut producer, parse_process(value).map_err(ctx)?, twice)?,
                 "consumer" => set(&mut consumer, parse_process(value).map_err(ctx)?, twice)?,
                 "duration" => set(&mut duration_ns, parse_time(value).map_err(ctx)?, twice)?,
-                "ring" => set(&mut ring, parse_count(value, 1 << 24).map_err(ctx)?, twice)?,
+                "ring" => set(&mut ring, value.parse::<RingSize>().map_err(ctx)?, twice)?,
                 "batch" => set(&mut batch, parse_count(value, 4096).map_err(ctx)?, twice)?,
                 "seed" => set(
                     &mut seed,
@@ -237,7 +238,7 @@ impl Workload {
             producer: producer.ok_or("the spec needs producer=PROCESS")?,
             consumer: consumer.ok_or("the spec needs consumer=PROCESS")?,
             duration_ns: duration_ns.unwrap_or(1_000_000_000),
-            ring: ring.unwrap_or(500),
+            ring: ring.map_or(500, RingSize::get),
             batch: batch.unwrap_or(1),
             seed: seed.unwrap_or(1),
         };
@@ -424,7 +425,14 @@ mod tests {
                 "producer=const:1k,consumer=const:1k,duration=0s",
                 "at least 1 ns",
             ),
-            ("producer=const:1k,consumer=const:1k,ring=0", "outside 1..="),
+            (
+                "producer=const:1k,consumer=const:1k,ring=0",
+                "\"ring=0\": ring size 0 is not in 1..=16777216",
+            ),
+            (
+                "producer=const:1k,consumer=const:1k,ring=1099511627776",
+                "ring size 1099511627776 is not in 1..=16777216",
+            ),
             (
                 "producer=const:1k,consumer=const:1k,ring=x",
                 "not a whole number",
