@@ -9,6 +9,8 @@ use alloc::string::String;
 use core::ops::RangeInclusive;
 use core::time::Duration;
 
+use crate::echo::{MAX_CHARS, quoted};
+
 /// The units a duration may carry, and their length; none means seconds.
 const UNITS: [(&str, u128); 6] = [
     ("ns", 1),
@@ -24,9 +26,10 @@ const UNITS: [(&str, u128); 6] = [
 /// # Errors
 /// Anything else, with what to write instead.
 pub fn parse(text: &str) -> Result<Duration, String> {
+    let shown = quoted(text, MAX_CHARS);
     let bad = || {
         format!(
-            "{text:?} is not a duration: write seconds, or a number and a unit, e.g. \"10\", \
+            "{shown} is not a duration: write seconds, or a number and a unit, e.g. \"10\", \
              \"10s\", \"500ms\", \"2m\" (units ns, us, ms, s, m, h)"
         )
     };
@@ -64,12 +67,12 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     };
     let scale = 10u128.pow(fraction_digits);
     if !(fraction * unit_ns).is_multiple_of(scale) {
-        return Err(format!("{text:?} is finer than a nanosecond"));
+        return Err(format!("{shown} is finer than a nanosecond"));
     }
     let ns = whole * unit_ns + fraction * unit_ns / scale;
     u64::try_from(ns)
         .map(Duration::from_nanos)
-        .map_err(|_| format!("{text:?} is longer than any duration a setting takes"))
+        .map_err(|_| format!("{shown} is longer than any duration a setting takes"))
 }
 
 /// Parses a duration and requires it within `range`.
@@ -78,15 +81,16 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 /// Not a duration, or outside `range` (saying which bound, in the units of the text).
 pub fn within(text: &str, range: &RangeInclusive<Duration>) -> Result<Duration, String> {
     let duration = parse(text)?;
+    let shown = quoted(text, MAX_CHARS);
     if duration < *range.start() {
         return Err(if duration.is_zero() {
-            format!("{text:?}: give a duration above 0")
+            format!("{shown}: give a duration above 0")
         } else {
-            format!("{text:?} is shorter than {}", show(*range.start()))
+            format!("{shown} is shorter than {}", show(*range.start()))
         });
     }
     if duration > *range.end() {
-        return Err(format!("{text:?} is longer than {}", show(*range.end())));
+        return Err(format!("{shown} is longer than {}", show(*range.end())));
     }
     Ok(duration)
 }
@@ -165,6 +169,13 @@ mod tests {
         assert!(err.contains("finer than a nanosecond"), "{err}");
         let err = parse("999999999999h").unwrap_err();
         assert!(err.contains("longer than any duration"), "{err}");
+        // What was given is quoted, and cut when it is long.
+        let err = parse(&"1".repeat(1_000_000)).unwrap_err();
+        assert!(
+            err.contains("… (1000000 characters) is not a duration"),
+            "{err}"
+        );
+        assert!(err.len() < 400, "{err}");
     }
 
     #[test]

@@ -3,20 +3,24 @@
 //! per-packet events (`events`) and the names of maps, globals and programs (`names`).
 //!
 //! Everything here is `#[repr(C)]` with explicit padding so both sides agree on the layout
-//! byte for byte; the `user` feature adds the `aya::Pod` impls the loader needs, and the one
-//! syntax of durations (`duration`) that every userspace crate parses.
+//! byte for byte; the `user` feature adds the `aya::Pod` impls the loader needs, the one
+//! syntax of durations (`duration`) that every userspace crate parses, and how their messages
+//! quote what they were given (`echo`).
 #![cfg_attr(not(test), no_std)]
 
-// The duration syntax lives here, the lowest crate every userspace crate depends on (the
-// ring model, the test rigs' specs and the command line all parse durations), rather than
-// in one of them: it needs only `core` and `alloc` (`String` for its errors), so the eBPF
-// side, which builds this crate without `user`, never sees it.
+// The duration syntax and the quoting of echoed values live here, the lowest crate every
+// userspace crate depends on (the ring model, check's specs and the command line all parse
+// durations and quote what they read), rather than in one of them: they need only `core` and
+// `alloc` (`String` for their messages), so the eBPF side, which builds this crate without
+// `user`, never sees them.
 #[cfg(feature = "user")]
 extern crate alloc;
 
 mod counters;
 #[cfg(feature = "user")]
 pub mod duration;
+#[cfg(feature = "user")]
+pub mod echo;
 mod events;
 mod facts;
 mod maps;

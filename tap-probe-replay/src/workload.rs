@@ -23,7 +23,15 @@
 use std::fmt;
 use std::time::Duration;
 
+use tap_probe_common::echo::{MAX_CHARS, quoted};
+use tap_probe_trace::RingSize;
+
 use super::{ARRIVAL, Ops};
+
+/// What a message quotes of the spec, cut when it is long.
+fn q(text: &str) -> String {
+    quoted(text, MAX_CHARS)
+}
 
 /// At most this many operations are generated (about 1.2 GB of trace in memory).
 pub(crate) const MAX_OPS: f64 = 100e6;
@@ -196,18 +204,18 @@ impl Workload {
         let mut seed = None;
         for item in spec.split(',').map(str::trim) {
             if item.is_empty() {
-                return Err(format!("empty item in {spec:?}"));
+                return Err(format!("empty item in {}", q(spec)));
             }
             let (key, value) = item
                 .split_once('=')
-                .ok_or_else(|| format!("{item:?}: expected KEY=VALUE"))?;
-            let ctx = |e: String| format!("{item:?}: {e}");
-            let twice = || format!("{key} given twice in {spec:?}");
+                .ok_or_else(|| format!("{}: expected KEY=VALUE", q(item)))?;
+            let ctx = |e: String| format!("{}: {e}", q(item));
+            let twice = || format!("{key} given twice in {}", q(spec));
             match key {
                 "producer" => set(&mut producer, parse_process(value).map_err(ctx)?, twice)?,
                 "consumer" => set(&mut consumer, parse_process(value).map_err(ctx)?, twice)?,
                 "duration" => set(&mut duration_ns, parse_time(value).map_err(ctx)?, twice)?,
-                "ring" => set(&mut ring, parse_count(value, 1 << 24).map_err(ctx)?, twice)?,
+                "ring" => set(&mut ring, value.parse::<RingSize>().map_err(ctx)?, twice)?,
                 "batch" => set(&mut batch, parse_count(value, 4096).map_err(ctx)?, twice)?,
                 "seed" => set(
                     &mut seed,
@@ -218,8 +226,10 @@ impl Workload {
                 )?,
                 _ => {
                     return Err(format!(
-                        "{item:?}: unknown key {key:?} (expected producer, consumer, duration, \
-                         ring, batch or seed)"
+                        "{}: unknown key {} (expected producer, consumer, duration, \
+                         ring, batch or seed)",
+                        q(item),
+                        q(key)
                     ));
                 }
             }
@@ -228,7 +238,7 @@ impl Workload {
             producer: producer.ok_or("the spec needs producer=PROCESS")?,
             consumer: consumer.ok_or("the spec needs consumer=PROCESS")?,
             duration_ns: duration_ns.unwrap_or(1_000_000_000),
-            ring: ring.unwrap_or(500),
+            ring: ring.map_or(500, RingSize::get),
             batch: batch.unwrap_or(1),
             seed: seed.unwrap_or(1),
         };
@@ -298,8 +308,9 @@ fn parse_process(s: &str) -> Result<Process, String> {
         }
         _ => {
             return Err(format!(
-                "unknown process {s:?}: expected const:RATE, poisson:RATE, burst:N:RATE or \
-                 pause:RATE:ON:OFF"
+                "unknown process {}: expected const:RATE, poisson:RATE, burst:N:RATE or \
+                 pause:RATE:ON:OFF",
+                q(s)
             ));
         }
     };
@@ -316,14 +327,15 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     };
     let v: f64 = num
         .parse()
-        .map_err(|_| format!("rate {s:?} is not a number (per second, e.g. 200k)"))?;
+        .map_err(|_| format!("rate {} is not a number (per second, e.g. 200k)", q(s)))?;
     let v = v * mult;
     if !v.is_finite() || v <= 0.0 {
-        return Err(format!("rate {s:?} must be above 0 per second"));
+        return Err(format!("rate {} must be above 0 per second", q(s)));
     }
     if v > 1e9 {
         return Err(format!(
-            "rate {s:?} is more than one event per nanosecond, the resolution of the model"
+            "rate {} is more than one event per nanosecond, the resolution of the model",
+            q(s)
         ));
     }
     Ok(v)
@@ -333,18 +345,18 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 fn parse_time(s: &str) -> Result<u64, String> {
     let time = tap_probe_common::duration::parse(s).map_err(|e| format!("time {e}"))?;
     if time < Duration::from_nanos(1) {
-        return Err(format!("time {s:?} must be at least 1 ns"));
+        return Err(format!("time {} must be at least 1 ns", q(s)));
     }
     if time > Duration::from_hours(24) {
-        return Err(format!("time {s:?} is longer than a day"));
+        return Err(format!("time {} is longer than a day", q(s)));
     }
-    u64::try_from(time.as_nanos()).map_err(|_| format!("time {s:?} is longer than a day"))
+    u64::try_from(time.as_nanos()).map_err(|_| format!("time {} is longer than a day", q(s)))
 }
 
 fn parse_count(s: &str, max: u32) -> Result<u32, String> {
     let v: u32 = s
         .parse()
-        .map_err(|_| format!("{s:?} is not a whole number"))?;
+        .map_err(|_| format!("{} is not a whole number", q(s)))?;
     if v == 0 || v > max {
         return Err(format!("{v} is outside 1..={max}"));
     }
@@ -413,7 +425,14 @@ mod tests {
                 "producer=const:1k,consumer=const:1k,duration=0s",
                 "at least 1 ns",
             ),
-            ("producer=const:1k,consumer=const:1k,ring=0", "outside 1..="),
+            (
+                "producer=const:1k,consumer=const:1k,ring=0",
+                "\"ring=0\": ring size 0 is not in 1..=16777216",
+            ),
+            (
+                "producer=const:1k,consumer=const:1k,ring=1099511627776",
+                "ring size 1099511627776 is not in 1..=16777216",
+            ),
             (
                 "producer=const:1k,consumer=const:1k,ring=x",
                 "not a whole number",

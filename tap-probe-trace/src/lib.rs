@@ -9,11 +9,13 @@
 
 mod error;
 mod reader;
+mod ring;
 mod wire;
 mod writer;
 
 pub use error::TraceError;
 pub use reader::TraceReader;
+pub use ring::{MAX_RING_SIZE, RingSize};
 pub use tap_probe_common::EventKind;
 pub use wire::KIND_SLOTS;
 pub use writer::{CutBack, TraceWriter};
@@ -28,9 +30,6 @@ const REC_LOST: u8 = 2;
 const REC_TRAILER: u8 = 0xff;
 /// Longest record payload a reader accepts; longer lengths mean a corrupt file.
 const MAX_RECORD_LEN: u64 = 4096;
-/// The most entries a device's ring may have: a larger `ring_size` in a header makes the file
-/// corrupt. The kernel's own bound is far lower (a tun ring is one kmalloc'ed array).
-pub const MAX_RING_SIZE: u32 = 1 << 24;
 /// Longest header body a reader accepts.
 const MAX_HEADER_LEN: u32 = 1 << 20;
 /// Size of the fixed part before the header body: magic, version, header length.

@@ -7,7 +7,7 @@ use bytes::Buf as _;
 use crate::wire::{EventRecord, LostRecord, TRAILER_LEN, TrailerCounts};
 use crate::{
     DeviceInfo, Event, EventKind, FORMAT_VERSION, Header, MAGIC, MAX_HEADER_LEN, MAX_RECORD_LEN,
-    MAX_RING_SIZE, PREAMBLE_LEN, REC_EVENT, REC_LOST, REC_TRAILER, Record, TraceError, Trailer,
+    PREAMBLE_LEN, REC_EVENT, REC_LOST, REC_TRAILER, Record, RingSize, TraceError, Trailer,
 };
 
 /// Reads a trace: the header on [`TraceReader::new`], then records as an iterator. The
@@ -325,15 +325,13 @@ fn parse_header(body: &[u8]) -> Result<Header, TraceError> {
         let queues = c.u32("device queue count")?;
         let ring_at = c.file_offset();
         let ring_size = c.u32("device ring size")?;
-        if ring_size > MAX_RING_SIZE {
-            // The kernel allocates a tun ring with kmalloc (`__ptr_ring_init_queue_alloc`,
-            // include/linux/ptr_ring.h), which bounds it far below this; a reader that sized a
-            // model by such a value would exhaust memory.
-            return Err(TraceError::Corrupt {
-                offset: ring_at,
-                what: format!("device ring size {ring_size} exceeds {MAX_RING_SIZE} entries"),
-            });
-        }
+        // The kernel allocates a tun ring with kmalloc (`__ptr_ring_init_queue_alloc`,
+        // include/linux/ptr_ring.h), which bounds it far below the most a model takes; a
+        // reader that sized a model by a larger value would exhaust memory.
+        RingSize::new(u64::from(ring_size)).map_err(|why| TraceError::Corrupt {
+            offset: ring_at,
+            what: format!("device {why}"),
+        })?;
         let name = c.str("device name")?;
         devices.push(DeviceInfo {
             netns,

@@ -100,7 +100,10 @@ fn round_trip() {
 /// The fuzzing seed was written by a separate script from `docs/trace-format.md` alone.
 #[test]
 fn independently_written_seed_parses() {
-    let (h, recs, t) = read_all(include_bytes!("../../tap-probe/fuzz/seeds/small.trace")).unwrap();
+    let (h, recs, t) = read_all(include_bytes!(
+        "../../tap-probe/fuzz/seeds/trace_reader/small.trace"
+    ))
+    .unwrap();
     assert_eq!(h.kernel_release, "6.18.0");
     assert_eq!(h.devices[0].name, "tap0");
     assert_eq!(h.devices[0].ring_size, 500);
@@ -191,26 +194,29 @@ fn a_cut_file_is_salvaged_up_to_its_last_whole_record() {
     );
 }
 
+/// A ring of no entries, or of more than a model takes, is refused as `--ring-size` and a
+/// synthetic workload's `ring=` refuse it ([`crate::RingSize`]).
 #[test]
 fn an_absurd_ring_size_is_refused() {
     let mut h = header();
-    h.devices[1].ring_size = u32::MAX;
-    let bytes = TraceWriter::new(Vec::new(), &h)
-        .unwrap()
-        .finish()
-        .unwrap()
-        .0;
-    let e = TraceReader::new(bytes.as_slice())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains(&format!(
-            "device ring size {} exceeds {MAX_RING_SIZE}",
-            u32::MAX
-        )),
-        "{e}"
-    );
+    for size in [u32::MAX, MAX_RING_SIZE + 1, 0] {
+        h.devices[1].ring_size = size;
+        let bytes = TraceWriter::new(Vec::new(), &h)
+            .unwrap()
+            .finish()
+            .unwrap()
+            .0;
+        let e = TraceReader::new(bytes.as_slice())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "device ring size {size} is not in 1..={MAX_RING_SIZE}"
+            )),
+            "{e}"
+        );
+    }
     h.devices[1].ring_size = MAX_RING_SIZE;
     let bytes = TraceWriter::new(Vec::new(), &h)
         .unwrap()

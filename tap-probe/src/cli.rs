@@ -14,6 +14,7 @@ use tap_probe_observer::bpf::probe::{Counting, Occupancy};
 use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::kernel::{KernelInfo, Unsupported};
+use tap_probe_observer::os::files::Unusable;
 
 /// The commit this binary was built from (`build.rs`), for `--version` and Prometheus.
 pub(crate) const COMMIT: &str = env!("TAP_PROBE_COMMIT");
@@ -25,6 +26,7 @@ pub(crate) const WEB_CONFIG_HELP: &str = "TLS and basic auth for the metrics end
     it names changes. A file that cannot be used stops the start (exit status 2)";
 
 /// The exit status of a command line, or a file it names, that cannot be used: clap's own.
+/// What clap cannot tell is found before anything is made ([`Unusable`], [`BadWebConfig`]).
 const USAGE: u8 = 2;
 
 #[derive(Debug, Parser)]
@@ -76,8 +78,9 @@ enum Command {
 /// subcommand's exit code when it ran to its end, or, when a signal, a lost terminal or a
 /// lost reader of stdout stopped it early, that signal once everything is undone
 /// ([`tap_probe_observer::os::signals::exit`]), so the wait status says why; `serve` exits 0 when it
-/// stopped cleanly on a signal. A web config file that cannot be used exits 2, as a command
-/// line clap refuses does; any other error 1.
+/// stopped cleanly on a signal. A file named on the command line that cannot be used (an
+/// input that is no file, too large; an output that cannot be written; a web config) exits 2,
+/// as a command line clap refuses does; any other error 1.
 #[must_use]
 pub(crate) fn main() -> std::process::ExitCode {
     use crate::output::logging::{self, Style};
@@ -110,9 +113,10 @@ pub(crate) fn main() -> std::process::ExitCode {
     // problem, as a bad spec is check's): exit status 2, as for bad input, and one line
     // naming what is wrong.
     let code = |err: &anyhow::Error| {
-        if err.chain().any(<dyn std::error::Error>::is::<BadWebConfig>)
-            || Unsupported::in_error(err).is_some()
-        {
+        let unusable = |cause: &(dyn std::error::Error + 'static)| {
+            cause.is::<BadWebConfig>() || cause.is::<Unusable>()
+        };
+        if err.chain().any(unusable) || Unsupported::in_error(err).is_some() {
             std::process::ExitCode::from(USAGE)
         } else {
             std::process::ExitCode::FAILURE
@@ -345,7 +349,7 @@ mod tests {
     /// `--qdisc` takes tc's names of the qdiscs as well as tap-probe's.
     #[test]
     fn qdiscs_are_named_as_tc_names_them_too() {
-        use tap_probe_lab::lab::load::Qdisc;
+        use tap_probe_spec::traffic::Qdisc;
         for (name, qdisc) in [
             ("fq-codel", Qdisc::FqCodel),
             ("fq_codel", Qdisc::FqCodel),

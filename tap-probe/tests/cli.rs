@@ -138,7 +138,7 @@ fn absurd_sizes_are_refused() {
     let (code, _, stderr) = replay(&path, &[]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("device ring size 4294967295 exceeds 16777216"),
+        stderr.contains("device ring size 4294967295 is not in 1..=16777216"),
         "{stderr}"
     );
     std::fs::write(&path, trace(500, 4)).unwrap();
@@ -151,6 +151,67 @@ fn absurd_sizes_are_refused() {
     let (code, stdout, stderr) = replay(&path, &["--qdisc-limit", "16777216"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("tail-drop"), "{stdout}");
+}
+
+/// A ring size is checked alike wherever it comes from: `--ring-size`, a synthetic
+/// workload's `ring=` and a trace's header refuse the same sizes with the same words
+/// (none of them replays a ring of 0 entries), and take the largest.
+#[test]
+fn a_ring_size_is_checked_alike_from_the_flag_the_synthetic_spec_and_a_trace() {
+    const WORKLOAD: &str = "producer=const:200k,consumer=poisson:150k,duration=10ms";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ring.trace");
+    for size in [0, 16_777_217, 4_294_967_295, 1_099_511_627_776_u64] {
+        let refused = format!("ring size {size} is not in 1..=16777216");
+        let out = Command::new(BIN)
+            .args(["replay", "--synthetic", WORKLOAD, "--ring-size"])
+            .arg(size.to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // A flag clap refuses: the command line's status.
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid value '{size}' for '--ring-size <N>': {refused}"
+            )),
+            "{stderr}"
+        );
+        let out = Command::new(BIN)
+            .args(["replay", "--synthetic"])
+            .arg(format!("{WORKLOAD},ring={size}"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!("\"ring={size}\": {refused}")),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty());
+        if let Ok(size) = u32::try_from(size) {
+            std::fs::write(&path, trace(size, 4)).unwrap();
+            let (code, stdout, stderr) = replay(&path, &[]);
+            assert_eq!(code, Some(1), "{stderr}");
+            assert!(stderr.contains(&format!("device {refused}")), "{stderr}");
+            assert!(stdout.is_empty(), "{stdout}");
+        }
+    }
+    // The largest is taken from each.
+    std::fs::write(&path, trace(16_777_216, 4)).unwrap();
+    let (code, _, stderr) = replay(&path, &["--ring-size", "16777216"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let out = Command::new(BIN)
+        .args(["replay", "--synthetic"])
+        .arg(format!("{WORKLOAD},ring=16777216"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A synthetic workload is sized before it is generated, from what generation makes: a

@@ -91,18 +91,64 @@ pub(crate) struct RoundArgs {
 /// # Errors
 /// If setup, the build or any run fails.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let out = match &args.kind {
+        BenchKind::Overhead(args) => overhead::out(args),
+        BenchKind::Record(args) => record::out(args),
+        BenchKind::Replay(args) => replay::out(args),
+        BenchKind::Serve(args) => serve::out(args),
+        BenchKind::Backends(args) => backends::out(args),
+    };
+    // Before the setup, the build and any run: results that could not be written at the
+    // end would cost the whole benchmark.
+    check_out(&out)?;
     setup::run(&setup::Args {})?;
     // The guest benchmark builds its own tap-probe.
     let tap_probe = || cmd::build_release_bin("tap-probe", "tap-probe");
     // The floor is built by the benchmark alone: it is not part of tap-probe.
     let floor = || cmd::build_release_example("tap-probe-observer", "floor");
     match &args.kind {
-        BenchKind::Overhead(args) => overhead::run(args, &tap_probe()?, &floor()?),
-        BenchKind::Record(args) => record::run(args, &tap_probe()?, &floor()?),
-        BenchKind::Replay(args) => replay::run(args, &tap_probe()?),
-        BenchKind::Serve(args) => serve::run(args, &tap_probe()?),
-        BenchKind::Backends(args) => backends::run(args),
+        BenchKind::Overhead(args) => overhead::run(args, &out, &tap_probe()?, &floor()?),
+        BenchKind::Record(args) => record::run(args, &out, &tap_probe()?, &floor()?),
+        BenchKind::Replay(args) => replay::run(args, &out, &tap_probe()?),
+        BenchKind::Serve(args) => serve::run(args, &out, &tap_probe()?),
+        BenchKind::Backends(args) => backends::run(args, &out),
     }
+}
+
+/// Checks that the results can be written at `out`, changing nothing but making its
+/// directory (which the benchmark makes anyway): an existing file is opened for writing
+/// without truncating it, a missing one is created and removed again.
+///
+/// # Errors
+/// When `out` is a directory, or cannot be opened or created for writing.
+fn check_out(out: &Path) -> anyhow::Result<()> {
+    let refuse = |why: String| anyhow::anyhow!("--out {} {why}", out.display());
+    if out.is_dir() {
+        return Err(refuse("is a directory; name a file".to_owned()));
+    }
+    if let Some(dir) = out.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|err| {
+            refuse(format!(
+                "cannot be written: {} cannot be made: {err}",
+                dir.display()
+            ))
+        })?;
+    }
+    if out.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(out)
+            .map_err(|err| refuse(format!("cannot be written: {err}")))?;
+    } else {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(out)
+            .map_err(|err| refuse(format!("cannot be created: {err}")))?;
+        std::fs::remove_file(out)
+            .map_err(|err| refuse(format!("was created but cannot be removed: {err}")))?;
+    }
+    Ok(())
 }
 
 /// The namespaces `tap-probe load` creates.
@@ -411,7 +457,30 @@ fn read_report(path: &Path) -> anyhow::Result<serde_json::Value> {
 mod tests {
     use serde_json::json;
 
-    use super::{median, round_order, watched_xmit_calls};
+    use super::{check_out, median, round_order, watched_xmit_calls};
+
+    /// `--out` is checked without a trace: a new file is created and removed, an existing
+    /// one kept as it was; a directory, or a file under a file, is refused, naming `--out`.
+    #[test]
+    fn the_results_path_is_checked_before_the_benchmark() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-out-{}", std::process::id()));
+        let out = dir.join("a/results.json");
+        check_out(&out).unwrap();
+        assert!(!out.exists());
+        std::fs::write(&out, "kept").unwrap();
+        check_out(&out).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "kept");
+        let err = check_out(&dir).unwrap_err().to_string();
+        assert!(
+            err.starts_with("--out ") && err.ends_with("is a directory; name a file"),
+            "{err}"
+        );
+        let err = check_out(&out.join("under-a-file.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be made"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn rounds_alternate_the_order() {

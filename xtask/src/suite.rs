@@ -48,8 +48,9 @@ pub(crate) const SCOPE: &[&str] = &[
 const PRIVILEGED_FEATURE: &str = "privileged-tests";
 
 /// Privileged test targets run on the host only:
-/// - `stop` tests how runs end (signals, terminals, pipes, child processes), which is
-///   tap-probe's own doing on every kernel, and boots a guest itself, which a guest cannot;
+/// - `stop` tests how runs end (signals, terminals, pipes, child processes, bad input that
+///   ends one before it starts), which is tap-probe's own doing on every kernel, and boots a
+///   guest itself, which a guest cannot;
 /// - `record_robustness` (a recording's end under a flood it cannot keep up with, a
 ///   signal, a kill, a full disk) and `watch_tty` (the views on a pseudo-terminal) test
 ///   tap-probe's own files, signals and drawing too. What they read of the kernel (the

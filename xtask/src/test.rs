@@ -258,8 +258,15 @@ fn guest_stages<'a>() -> [Stage<Guests<'a>>; 2] {
     ]
 }
 
-/// Seconds the trace reader's fuzz target runs in the pipeline.
-const FUZZ_SMOKE_SECS: u32 = 20;
+/// The fuzz targets (`tap-probe/fuzz`) and the seconds each runs in the pipeline: 20 in
+/// all, most for the trace reader, whose input is the largest, then check's spec, whose
+/// TOML holds the expressions the third target fuzzes alone, then the baseline.
+const FUZZ_SMOKE: [(&str, u32); 4] = [
+    ("trace_reader", 8),
+    ("check_spec", 6),
+    ("check_expression", 3),
+    ("check_baseline", 3),
+];
 
 /// Every unit test and every test that needs no root, all tests of a binary in parallel;
 /// the libs' privileged ones wait for their stage. Then the doc tests, which only cargo
@@ -320,26 +327,36 @@ fn record(host: &mut Host, ran: Vec<suite::Ran>) {
     }
 }
 
-/// A short run of the trace reader's fuzz target (`tap-probe/fuzz`): libFuzzer needs
-/// nightly and cargo-fuzz, installed here when missing. The committed seeds are a starting
-/// corpus; what the run finds stays in the (ignored) `corpus/` directory.
+/// A short run of each fuzz target (`tap-probe/fuzz`, [`FUZZ_SMOKE`]): libFuzzer needs
+/// nightly and cargo-fuzz, installed here when missing. The committed seeds (the docs'
+/// examples, and every input that once failed) start each target's corpus; what the run
+/// finds stays in the (ignored) `corpus/` directory.
 fn fuzz_smoke() -> anyhow::Result<()> {
     if cmd::probe(cmd::cargo().args(["fuzz", "--version"])).is_none() {
         cmd::run(cmd::cargo().args(["install", "cargo-fuzz", "--locked"]))?;
     }
     let dir = cmd::workspace_root().join("tap-probe/fuzz");
-    let corpus = dir.join("corpus/trace_reader");
-    std::fs::create_dir_all(&corpus)?;
+    // One build of every target, which shares the compiling of what they have in common.
     cmd::run(
         cmd::cargo()
-            .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
-            .arg(&dir)
-            .arg("trace_reader")
-            .arg(&corpus)
-            .arg(dir.join("seeds"))
-            .arg("--")
-            .arg(format!("-max_total_time={FUZZ_SMOKE_SECS}")),
-    )
+            .args(["+nightly", "fuzz", "build", "--fuzz-dir"])
+            .arg(&dir),
+    )?;
+    for (target, secs) in FUZZ_SMOKE {
+        let corpus = dir.join("corpus").join(target);
+        std::fs::create_dir_all(&corpus)?;
+        cmd::run(
+            cmd::cargo()
+                .args(["+nightly", "fuzz", "run", "--fuzz-dir"])
+                .arg(&dir)
+                .arg(target)
+                .arg(&corpus)
+                .arg(dir.join("seeds").join(target))
+                .arg("--")
+                .arg(format!("-max_total_time={secs}")),
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs `cargo xtask test`.

@@ -9,9 +9,10 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 
 use super::table::{Path, Run, Variant};
-use crate::lab::load::{LoadConfig, ReaderKind, SessionConfig, run_load_with_stop};
+use crate::lab::load::{LoadConfig, SessionConfig, run_load_with_stop};
 use tap_probe_observer::kernel::{KernelInfo, TunBackpressure};
 use tap_probe_observer::os::netlink::RootQdisc;
+use tap_probe_spec::traffic::ReaderKind;
 
 /// Which version of the tail-drop fix the running kernel has, which decides what the
 /// Stock and Backpressure columns run.

@@ -560,14 +560,11 @@ mod tests {
     fn hostile_names_survive_escaping() {
         let nasty = "a<b>&\"c\" 'd'\n\te\r]]>\u{1}\u{FFFE}é😀";
         let text = "[[scenario]]\nname = \"x\"\nqdisc = \"pfifo\"\npackets = 1\nexpect = [\"sent == 1\"]\n";
-        let spec = crate::check::spec::Spec::parse(text, &["sent"], None).unwrap();
+        let spec = tap_probe_spec::spec::Spec::parse(text, &["sent"], None).unwrap();
         let mut scenario = ScenarioReport::errored(&spec.scenarios[0], nasty.to_owned(), None, 0.0);
         scenario.name = nasty.to_owned();
         scenario.expectations[0].expect = nasty.to_owned();
-        let report = CheckReport {
-            kernel_release: nasty.to_owned(),
-            scenarios: vec![scenario],
-        };
+        let report = CheckReport::new(nasty.to_owned(), vec![scenario]);
         let doc = xml::parse(&render(&report)).unwrap();
         let expected = "a<b>&\"c\" 'd'\n\te\r]]>\u{FFFD}\u{FFFD}é😀";
         let suite = doc.one("testsuite");

@@ -4,18 +4,20 @@
 //!
 //! Exit codes: 0 when every expectation holds, 1 when one fails, 2 when the spec or the
 //! kernel is the problem (a scenario could not run, or an expectation could not be
-//! evaluated). A run with both a failure and a problem exits 2: part of it is unknown, so
-//! the failures may not be all there is.
+//! evaluated) or the run could not be completed (an output could not be written). A run
+//! with both a failure and a problem exits 2: part of it is unknown, so the failures may
+//! not be all there is. A run stopped by a signal ends with that signal once it has
+//! reported, which a shell shows as 128 + N; its report says so.
 
-use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
-use anyhow::{Result, bail};
+use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 
-use super::baseline::SavedBaseline;
-use super::expr::{Expectation, MAX_EXACT_INTEGER, Name, format_value};
-use super::spec::{Scenario, Traffic};
+use tap_probe_spec::baseline::SavedBaseline;
+use tap_probe_spec::expr::{Expectation, Name};
+use tap_probe_spec::measured::{Measured, MeasuredValue};
+use tap_probe_spec::spec::{Scenario, Traffic};
 
 /// The counters that say where a run's packets went, in the order a packet meets them:
 /// the sender, the qdisc, the driver, the reader, the kernel's own device counters. A
@@ -38,108 +40,6 @@ pub(crate) const PACKET_FATE: &[&str] = &[
     "kernel_tx_packets",
     "kernel_tx_dropped",
 ];
-
-/// A value a scenario measured, or one an expectation computed from them: a count (kept
-/// exact in JSON) or a rate.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub(crate) enum MeasuredValue {
-    Count(u64),
-    /// Always finite.
-    Real(f64),
-}
-
-impl MeasuredValue {
-    /// The value as expressions see it; counts are exact up to 2^53.
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "packet counts stay far below 2^53, where the conversion is exact"
-    )]
-    pub(crate) fn as_f64(self) -> f64 {
-        match self {
-            Self::Count(n) => n as f64,
-            Self::Real(v) => v,
-        }
-    }
-
-    /// A result of an expression: a count when it is a non-negative integer that converts
-    /// exactly, so that JSON shows `49000`, not `49000.0`.
-    pub(crate) fn from_f64(v: f64) -> Self {
-        #[expect(clippy::cast_precision_loss, reason = "2^53 is exact")]
-        let max = MAX_EXACT_INTEGER as f64;
-        if v.fract() == 0.0 && (0.0..=max).contains(&v) {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a non-negative integer at most 2^53"
-            )]
-            let n = v as u64;
-            Self::Count(n)
-        } else {
-            Self::Real(v)
-        }
-    }
-}
-
-impl fmt::Display for MeasuredValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Count(n) => write!(f, "{n}"),
-            Self::Real(v) => f.write_str(&format_value(*v)),
-        }
-    }
-}
-
-/// The values one scenario's expectations are evaluated against: watch's counters summed
-/// over the tap's queues, the kernel's device counters and the load report's numbers.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Measured(BTreeMap<String, MeasuredValue>);
-
-impl Measured {
-    /// Sets a count (a per-device value such as `kernel_tx_packets`, or a load report's).
-    pub(crate) fn insert_count(&mut self, name: &str, n: u64) {
-        self.0.insert(name.to_owned(), MeasuredValue::Count(n));
-    }
-
-    /// Adds to a count: one call per queue sums a counter over the queues.
-    pub(crate) fn add_count(&mut self, name: &str, n: u64) {
-        let entry = self
-            .0
-            .entry(name.to_owned())
-            .or_insert(MeasuredValue::Count(0));
-        *entry = match *entry {
-            // Counts of one run stay far below u64's range; saturating keeps this total.
-            MeasuredValue::Count(c) => MeasuredValue::Count(c.saturating_add(n)),
-            MeasuredValue::Real(v) => MeasuredValue::Real(v + MeasuredValue::Count(n).as_f64()),
-        };
-    }
-
-    /// Sets a rate or another fraction (`delivered_pps`, `elapsed_secs`).
-    ///
-    /// # Errors
-    /// When the value is NaN or infinite: JSON cannot hold it and no expectation could be
-    /// judged on it, so the measurement that produced it is broken.
-    pub(crate) fn insert_real(&mut self, name: &str, v: f64) -> Result<()> {
-        if !v.is_finite() {
-            bail!("`{name}` measured as {v}, which is not a number an expectation can use");
-        }
-        self.0.insert(name.to_owned(), MeasuredValue::Real(v));
-        Ok(())
-    }
-
-    pub(crate) fn get(&self, name: &str) -> Option<MeasuredValue> {
-        self.0.get(name).copied()
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, MeasuredValue)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), *v))
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -367,18 +267,33 @@ pub enum Exit {
     Holds,
     /// At least one expectation fails, and everything could be judged.
     Fails,
-    /// The spec or the kernel is the problem.
+    /// The spec or the kernel is the problem, or the run could not be completed.
     Problem,
+    /// A signal stopped the run: the process ends with it, once it has reported.
+    Stopped(Signal),
 }
 
 impl Exit {
+    /// The exit status a shell shows: for a signal, 128 + its number.
     #[must_use]
     pub fn code(self) -> u8 {
         match self {
             Self::Holds => 0,
             Self::Fails => 1,
             Self::Problem => 2,
+            // Every signal that stops a run (SIGINT, SIGTERM, SIGHUP, SIGPIPE) is below 128.
+            Self::Stopped(signal) => 128 + u8::try_from(signal as i32).unwrap_or(0),
         }
+    }
+}
+
+impl fmt::Display for Exit {
+    /// As the report's last line ends: `exit 1`, `stopped by SIGTERM: exit 143`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Self::Stopped(signal) = self {
+            write!(f, "stopped by {signal}: ")?;
+        }
+        write!(f, "exit {}", self.code())
     }
 }
 
@@ -388,6 +303,11 @@ pub struct CheckReport {
     /// `uname -r` of the kernel the scenarios ran on.
     pub kernel_release: String,
     pub scenarios: Vec<ScenarioReport>,
+    /// The signal that stopped the run, which the process ends with.
+    pub stopped_by: Option<Signal>,
+    /// The outputs that could not be written (`--junit FILE`): the run could not be
+    /// completed.
+    pub unwritten: Vec<String>,
 }
 
 impl CheckReport {
@@ -401,13 +321,47 @@ impl CheckReport {
             .unwrap_or(Verdict::Error)
     }
 
+    /// A run of `scenarios`, neither stopped nor short of an output yet.
+    #[must_use]
+    pub fn new(kernel_release: String, scenarios: Vec<ScenarioReport>) -> Self {
+        Self {
+            kernel_release,
+            scenarios,
+            stopped_by: None,
+            unwritten: Vec::new(),
+        }
+    }
+
+    /// How the process exits: with the signal that stopped it, 2 when an output could not
+    /// be written, else by the worst verdict.
     #[must_use]
     pub fn exit(&self) -> Exit {
+        if let Some(signal) = self.stopped_by {
+            return Exit::Stopped(signal);
+        }
+        if !self.unwritten.is_empty() {
+            return Exit::Problem;
+        }
         match self.verdict() {
             Verdict::Pass => Exit::Holds,
             Verdict::Fail => Exit::Fails,
             Verdict::Error => Exit::Problem,
         }
+    }
+
+    /// The values this run measured, for `--save-baseline`. Scenarios that measured nothing
+    /// (they failed to run) are left out: a later run comparing with them gets an error
+    /// naming the scenario, not a comparison with nothing.
+    #[must_use]
+    pub fn baseline(&self) -> SavedBaseline {
+        SavedBaseline::new(
+            self.kernel_release.clone(),
+            self.scenarios
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), s.measured.clone()?)))
+                .filter(|(_, measured)| !measured.is_empty())
+                .collect(),
+        )
     }
 
     /// The `--format json` document.
@@ -418,12 +372,17 @@ impl CheckReport {
             kernel_release: &'a str,
             verdict: Verdict,
             exit_code: u8,
+            /// The signal the process ends with (`exit_code` is 128 + its number).
+            stopped_by: Option<&'a str>,
+            unwritten: &'a [String],
             scenarios: &'a [ScenarioReport],
         }
         let document = CheckDocument {
             kernel_release: &self.kernel_release,
             verdict: self.verdict(),
             exit_code: self.exit().code(),
+            stopped_by: self.stopped_by.map(Signal::as_str),
+            unwritten: &self.unwritten,
             scenarios: &self.scenarios,
         };
         // Plain data with string keys and finite numbers: serialising cannot fail.
@@ -468,24 +427,26 @@ impl CheckReport {
             }
         }
         let count = |v: Verdict| self.scenarios.iter().filter(|s| s.verdict == v).count();
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "{} scenarios: {} passed, {} failed, {} errors (exit {})",
+            "{} scenarios: {} passed, {} failed, {} errors",
             self.scenarios.len(),
             count(Verdict::Pass),
             count(Verdict::Fail),
             count(Verdict::Error),
-            self.exit().code()
         );
+        if !self.unwritten.is_empty() {
+            let _ = write!(out, "; not written: {}", self.unwritten.join(", "));
+        }
+        let _ = writeln!(out, " ({})", self.exit());
         out
     }
 }
 
 #[cfg(test)]
-#[expect(clippy::float_cmp, reason = "conversions of integers are exact")]
 pub(crate) mod tests {
     use super::*;
-    use crate::check::spec::Spec;
+    use tap_probe_spec::spec::Spec;
 
     /// The names the tests' measurements provide.
     pub(crate) const KNOWN: &[&str] = &[
@@ -572,56 +533,13 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
 
     pub(crate) fn report() -> CheckReport {
         let spec = spec();
-        CheckReport {
-            kernel_release: "7.3.0-1-cloud-amd64".to_owned(),
-            scenarios: vec![
+        CheckReport::new(
+            "7.3.0-1-cloud-amd64".to_owned(),
+            vec![
                 ScenarioReport::judged(&spec.scenarios[0], tail_drop(), None, 1.25),
                 ScenarioReport::judged(&spec.scenarios[1], backpressure(), None, 2.5),
             ],
-        }
-    }
-
-    #[test]
-    fn measured_sums_queues_and_keeps_kinds() {
-        let m = tail_drop();
-        assert_eq!(
-            m.get("dropped_full_ring"),
-            Some(MeasuredValue::Count(49_000))
-        );
-        assert_eq!(m.get("consumed"), Some(MeasuredValue::Count(1000)));
-        assert_eq!(m.get("delivered_pps"), Some(MeasuredValue::Real(4000.0)));
-        assert_eq!(m.get("nothing"), None);
-        let mut m = Measured::default();
-        assert!(m.is_empty());
-        m.add_count("a", u64::MAX);
-        m.add_count("a", 5);
-        assert_eq!(m.get("a"), Some(MeasuredValue::Count(u64::MAX)));
-        m.insert_real("r", 1.5).unwrap();
-        m.add_count("r", 2);
-        assert_eq!(m.get("r"), Some(MeasuredValue::Real(3.5)));
-        assert!(m.insert_real("bad", f64::NAN).is_err());
-        assert!(m.insert_real("bad", f64::INFINITY).is_err());
-        assert_eq!(m.get("bad"), None);
-        let names: Vec<&str> = m.iter().map(|(k, _)| k).collect();
-        assert_eq!(names, ["a", "r"]);
-    }
-
-    #[test]
-    fn values_convert_exactly() {
-        assert_eq!(
-            MeasuredValue::from_f64(49_000.0),
-            MeasuredValue::Count(49_000)
-        );
-        assert_eq!(MeasuredValue::from_f64(0.0), MeasuredValue::Count(0));
-        assert_eq!(MeasuredValue::from_f64(-3.0), MeasuredValue::Real(-3.0));
-        assert_eq!(MeasuredValue::from_f64(0.5), MeasuredValue::Real(0.5));
-        assert_eq!(MeasuredValue::from_f64(1e300), MeasuredValue::Real(1e300));
-        assert_eq!(MeasuredValue::Count(49_000).to_string(), "49000");
-        assert_eq!(MeasuredValue::Real(0.25).to_string(), "0.25");
-        assert_eq!(
-            MeasuredValue::Count(1 << 53).as_f64(),
-            9_007_199_254_740_992.0
-        );
+        )
     }
 
     #[test]
@@ -705,8 +623,13 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
             "{}",
             e.explanation()
         );
-        let mut m = backpressure();
-        m.0.remove("qdisc_drops");
+        let mut m = Measured::default();
+        for (name, value) in backpressure().iter().filter(|(n, _)| *n != "qdisc_drops") {
+            match value {
+                MeasuredValue::Count(n) => m.insert_count(name, n),
+                MeasuredValue::Real(v) => m.insert_real(name, v).unwrap(),
+            }
+        }
         let s = ScenarioReport::judged(&spec.scenarios[1], m, None, 1.0);
         assert_eq!(s.expectations[1].verdict, Verdict::Error);
         assert!(
@@ -790,20 +713,77 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
              passed, 1 failed, 0 errors (exit 1)\n"
         );
         let spec = spec();
-        let errored = CheckReport {
-            kernel_release: String::new(),
-            scenarios: vec![ScenarioReport::errored(
+        let errored = CheckReport::new(
+            String::new(),
+            vec![ScenarioReport::errored(
                 &spec.scenarios[0],
                 "no tun module".to_owned(),
                 None,
                 0.0,
             )],
-        };
+        );
         assert_eq!(
             errored.text(),
             "ERROR stock (0 of 2 expectations hold, 0.0 s)\n      no tun module\n1 scenarios: \
              0 passed, 0 failed, 1 errors (exit 2)\n"
         );
+    }
+
+    /// An output that could not be written makes the run's status 2, whatever the
+    /// verdicts, and the report's last line and its JSON name it.
+    #[test]
+    fn an_unwritten_output_is_a_problem_of_the_run() {
+        let mut report = report();
+        assert_eq!(report.exit(), Exit::Fails);
+        report
+            .unwritten
+            .push("--save-baseline /dev/full".to_owned());
+        assert_eq!(report.exit(), Exit::Problem);
+        assert!(
+            report.text().ends_with(
+                "2 scenarios: 1 passed, 1 failed, 0 errors; not written: --save-baseline \
+                 /dev/full (exit 2)\n"
+            ),
+            "{}",
+            report.text()
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["exit_code"], 2);
+        assert_eq!(json["unwritten"][0], "--save-baseline /dev/full");
+    }
+
+    /// A run stopped by a signal states, on its last line and in its JSON, the status the
+    /// process ends with: that signal's, which a shell shows as 128 + N, whatever the
+    /// verdicts or the outputs.
+    #[test]
+    fn a_stopped_run_states_the_status_the_process_ends_with() {
+        let mut report = report();
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["stopped_by"], serde_json::Value::Null);
+        report
+            .unwritten
+            .push("--save-baseline /dev/full".to_owned());
+        report.stopped_by = Some(Signal::SIGTERM);
+        assert_eq!(report.exit(), Exit::Stopped(Signal::SIGTERM));
+        assert!(
+            report.text().ends_with(
+                "2 scenarios: 1 passed, 1 failed, 0 errors; not written: --save-baseline \
+                 /dev/full (stopped by SIGTERM: exit 143)\n"
+            ),
+            "{}",
+            report.text()
+        );
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["exit_code"], 143);
+        assert_eq!(json["stopped_by"], "SIGTERM");
+        for (signal, code) in [
+            (Signal::SIGINT, 130),
+            (Signal::SIGTERM, 143),
+            (Signal::SIGHUP, 129),
+            (Signal::SIGPIPE, 141),
+        ] {
+            assert_eq!(Exit::Stopped(signal).code(), code);
+        }
     }
 
     #[test]
@@ -812,5 +792,53 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
         for name in PACKET_FATE {
             assert!(known.contains(name), "{name}");
         }
+    }
+
+    #[test]
+    fn scenarios_that_measured_nothing_are_left_out() {
+        let spec = spec();
+        let mut report = report();
+        report.scenarios[0] =
+            ScenarioReport::errored(&spec.scenarios[0], "no tun".to_owned(), None, 0.0);
+        let baseline = report.baseline();
+        assert!(baseline.value("stock", "sent").is_err());
+        assert_eq!(
+            baseline.value("fq_codel with backpressure", "sent"),
+            Ok(50_000.0)
+        );
+    }
+
+    #[test]
+    fn a_run_compares_with_its_baseline() {
+        let text = r#"
+[[scenario]]
+name = "fq_codel with backpressure"
+qdisc = "fq-codel"
+backpressure = true
+packets = 50000
+expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.sent"]
+"#;
+        let saved = SavedBaseline::parse(&report().baseline().to_json(), "base.json").unwrap();
+        let spec = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
+        let mut slower = backpressure();
+        slower.insert_real("delivered_pps", 90_000.0).unwrap();
+        let judged = ScenarioReport::judged(&spec.scenarios[0], slower, Some(&saved), 1.0);
+        let e = &judged.expectations[0];
+        assert_eq!(
+            e.message.as_deref(),
+            Some(
+                "`delivered_pps >= 0.95 * baseline.delivered_pps` failed: left `delivered_pps` \
+                 = 90000, right `0.95 * baseline.delivered_pps` = 94981"
+            )
+        );
+        assert_eq!(
+            e.values.to_string(),
+            "delivered_pps = 90000, baseline.delivered_pps = 99980"
+        );
+        assert_eq!(judged.expectations[1].verdict, Verdict::Pass);
+        // Without the baseline at evaluation the value is missing: an error, not a pass.
+        let spec_without = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
+        let judged = ScenarioReport::judged(&spec_without.scenarios[0], backpressure(), None, 1.0);
+        assert_eq!(judged.verdict, Verdict::Error);
     }
 }

@@ -9,16 +9,16 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use tap_probe_common::{METRICS, Source};
 
-use super::report::Measured;
-use super::spec::Traffic;
 use crate::lab::load::{
-    DeviceIdentity, LoadConfig, LoadReport, Observer, SessionConfig, run_load_observed,
+    DeviceIdentity, LoadConfig, LoadReport, Observer, SessionConfig, root_qdisc, run_load_observed,
 };
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::{Row, Value};
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_spec::measured::Measured;
+use tap_probe_spec::spec::Traffic;
 
 /// A scenario given only a packet count still ends by then.
 const PACKETS_ONLY_LIMIT: Duration = Duration::from_mins(10);
@@ -107,7 +107,7 @@ pub fn run(traffic: &Traffic, kernel: &KernelInfo, stop: &Arc<AtomicBool>) -> Re
     }
     let cfg = LoadConfig {
         session: SessionConfig {
-            qdisc: Some(traffic.qdisc.into()),
+            qdisc: Some(root_qdisc(traffic.qdisc)),
             tx_queue_len: Some(traffic.tx_queue_len),
             reader: traffic.reader,
             reader_pps: traffic.reader_pps,

@@ -18,6 +18,7 @@ use crate::lab::vhost::{
 use tap_probe_observer::os::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{self, NamedNetns};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
+use tap_probe_spec::traffic::{Qdisc, ReaderKind};
 
 /// The tap's name inside its private namespace.
 pub(crate) const TAP_NAME: &str = "tp-load0";
@@ -29,55 +30,14 @@ const VHOST_QUIET: Duration = Duration::from_millis(100);
 /// The reader outlives the sender by at most this (it is normally stopped explicitly).
 const READER_GRACE: Duration = Duration::from_secs(10);
 
-/// Who plays the VM on the tap's queue.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReaderKind {
-    /// A thread calling `read(2)` on the queue, as QEMU does without vhost-net.
-    #[default]
-    Read,
-    /// vhost-net, driven from userspace (`lab/vhost.rs`): the kernel's vhost worker takes
-    /// the frames in batches, as it does for a VM with vhost-net, without a VM.
-    Vhost,
-}
-
-/// The root qdisc `load`, `demo` and `check` install on their tap (`--qdisc`, a spec's
-/// `qdisc`). Each is named as tap-probe has always named it (`fq-codel`) or as `tc` does
-/// (`fq_codel`); reports use the first.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Qdisc {
-    Noqueue,
-    #[value(alias = "pfifo_fast")]
-    #[serde(alias = "pfifo_fast")]
-    PfifoFast,
-    Pfifo,
-    /// `fq_codel` (the default of most distributions; a module or absent on some kernels).
-    #[value(alias = "fq_codel")]
-    #[serde(alias = "fq_codel")]
-    FqCodel,
-}
-
-impl From<Qdisc> for RootQdisc {
-    fn from(q: Qdisc) -> Self {
-        match q {
-            Qdisc::Noqueue => Self::Noqueue,
-            Qdisc::PfifoFast => Self::PfifoFast,
-            Qdisc::Pfifo => Self::Pfifo { limit: None },
-            Qdisc::FqCodel => Self::FqCodel,
-        }
+/// The root qdisc a tap gets: the spec's choice, in the observer's terms.
+#[must_use]
+pub fn root_qdisc(qdisc: Qdisc) -> RootQdisc {
+    match qdisc {
+        Qdisc::Noqueue => RootQdisc::Noqueue,
+        Qdisc::PfifoFast => RootQdisc::PfifoFast,
+        Qdisc::Pfifo => RootQdisc::Pfifo { limit: None },
+        Qdisc::FqCodel => RootQdisc::FqCodel,
     }
 }
 

@@ -8,8 +8,7 @@ use anyhow::{anyhow, bail};
 
 use crate::output;
 use crate::output::Format;
-use tap_probe_lab::lab::load::Qdisc;
-use tap_probe_lab::lab::load::{DrainReport, LoadSession, SessionConfig};
+use tap_probe_lab::lab::load::{DrainReport, LoadSession, SessionConfig, root_qdisc};
 use tap_probe_lab::lab::traffic::{SendReport, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::host::discovery::Filter;
@@ -17,6 +16,7 @@ use tap_probe_observer::host::report::Row;
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::signals::Stop;
+use tap_probe_spec::traffic::Qdisc;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -56,7 +56,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     tap_probe_observer::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let session_cfg = SessionConfig {
-        qdisc: Some(args.qdisc.into()),
+        qdisc: Some(root_qdisc(args.qdisc)),
         backpressure: args.backpressure,
         tx_queue_len: None,
         reader_pps: Some(args.reader_pps),

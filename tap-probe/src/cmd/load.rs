@@ -7,12 +7,13 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::output::Format;
-use tap_probe_lab::lab::load::{LoadConfig, Qdisc, ReaderKind, SessionConfig, run_load_with_stop};
+use tap_probe_lab::lab::load::{LoadConfig, SessionConfig, root_qdisc, run_load_with_stop};
 use tap_probe_lab::lab::streams::VethConfig;
 use tap_probe_lab::lab::traffic::SenderConfig;
 use tap_probe_lab::lab::veth_load::{Proto, VethLoadConfig, run_veth_load};
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::signals::Stop;
+use tap_probe_spec::traffic::{Qdisc, ReaderKind};
 
 /// Where the traffic goes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -108,7 +109,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
     }
     let cfg = LoadConfig {
         session: SessionConfig {
-            qdisc: args.qdisc.map(RootQdisc::from),
+            qdisc: args.qdisc.map(root_qdisc),
             tx_queue_len: args.tx_queue_len,
             backpressure: args.backpressure,
             reader: args.reader,
@@ -186,7 +187,7 @@ fn check_combination(args: &Args) -> Result<()> {
 fn run_veth(args: &Args) -> Result<()> {
     let cfg = VethLoadConfig {
         link: VethConfig {
-            qdisc: args.qdisc.map_or(RootQdisc::PfifoFast, RootQdisc::from),
+            qdisc: args.qdisc.map_or(RootQdisc::PfifoFast, root_qdisc),
             tso: !args.no_tso,
             slow_peer_ns: args.peer_hold_ns,
         },

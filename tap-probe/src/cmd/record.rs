@@ -67,6 +67,9 @@ pub(crate) struct Args {
     reason = "set-up, the loop and the orderly end read best in one place"
 )]
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    // Before anything is attached or waited for: a trace that cannot be written costs one
+    // line (exit status 2), not a wait for devices and an attach.
+    tap_probe_observer::os::files::check_output(&args.output, "-o")?;
     tap_probe_observer::kernel::privileges::check()?;
     let stop = Stop::install()?;
     let mut discovery = Discovery::new(&args.devices.filter())?;

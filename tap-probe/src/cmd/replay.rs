@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tap_probe_common::EventKind;
-use tap_probe_trace::{MAX_RING_SIZE, TraceError};
+use tap_probe_trace::{MAX_RING_SIZE, RingSize, TraceError};
 
 use crate::output::Format;
 use crate::output::table::{Align, Table};
@@ -35,8 +35,8 @@ pub(crate) struct Args {
     #[arg(long = "policy", value_name = "POLICY", value_parser = parse_policy)]
     pub(crate) policies: Vec<Policy>,
     /// Ring entries to model instead of the recorded (or spec's) size.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RING_SIZE)))]
-    pub(crate) ring_size: Option<u32>,
+    #[arg(long, value_name = "N")]
+    pub(crate) ring_size: Option<RingSize>,
     /// Packets the modelled pfifo qdisc holds [default: the ring size, as the kernel's
     /// pfifo defaults to `tx_queue_len`].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_QDISC_LIMIT)))]
@@ -118,6 +118,9 @@ struct ReplayOutput<'a> {
 /// A bad trace (with the byte offset), an impossible spec, or an output that cannot be
 /// written.
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.plot {
+        tap_probe_observer::os::files::check_output(path, "--plot")?;
+    }
     let policies = if args.policies.is_empty() {
         Policy::DEFAULTS.to_vec()
     } else {
@@ -127,7 +130,13 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if args.live {
         return run_live(args, &policies, &streams);
     }
-    let reports = replay_streams(&streams, &policies, args.ring_size, args.qdisc_limit, 0);
+    let reports = replay_streams(
+        &streams,
+        &policies,
+        args.ring_size.map(RingSize::get),
+        args.qdisc_limit,
+        0,
+    );
     if let Some(path) = &args.plot {
         let first = streams
             .first()
@@ -135,7 +144,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let plotted = replay_streams(
             std::slice::from_ref(first),
             &policies,
-            args.ring_size,
+            args.ring_size.map(RingSize::get),
             args.qdisc_limit,
             1000,
         );
@@ -385,6 +394,7 @@ pub(crate) fn table(source: &str, lost: u64, reports: &[StreamReport]) -> String
 fn run_live(args: &Args, policies: &[Policy], streams: &[Stream]) -> anyhow::Result<()> {
     let ring_size = args
         .ring_size
+        .map(RingSize::get)
         .or_else(|| streams.first().map(|s| s.ring_size))
         .unwrap_or(500);
     let cfg = LiveConfig {

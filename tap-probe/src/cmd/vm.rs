@@ -72,6 +72,11 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // Caught from the start: a stop while the kernel is fetched or the image written ends
     // the command before QEMU starts; one while the guest runs kills QEMU.
     let stop = Stop::install()?;
+    // Before a kernel is fetched or a guest booted: a directory the results cannot come back
+    // into costs one line (exit status 2).
+    if let Some(out) = &args.out {
+        tap_probe_observer::os::files::check_output_dir(out, "--out")?;
+    }
     let cache = tap_probe_guest::cache_dir()?;
     let kernel = tap_probe_guest::kernel::resolve(&args.kernel, args.modules.as_deref(), &cache)?;
     let work = cache.join("vm").join(format!("run-{}", std::process::id()));

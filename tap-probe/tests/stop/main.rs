@@ -4,12 +4,14 @@
 //! `record`, `load`, `demo` and `check`, stdin at end of file from the start (systemd,
 //! `nohup`), and `vm`, whose QEMU goes with it whatever ends it. After each run: none of its
 //! processes runs (by PID, everything under it included), none of its BPF programs is loaded
-//! or attached (bpf(2)), and no namespace, device or qdisc it made is left.
+//! or attached (bpf(2)), and no namespace, device or qdisc it made is left. Bad input
+//! (`bad_input`) ends a run before it starts, and leaves nothing either.
 #![expect(
     unused_crate_dependencies,
     reason = "a test binary uses a few of the package's dependencies"
 )]
 
+mod bad_input;
 #[path = "../common/mod.rs"]
 mod common;
 mod leftovers;
@@ -445,6 +447,13 @@ impl Commands {
         let junit = std::fs::read_to_string(&self.junit).unwrap();
         assert!(junit.contains("not run, the check was stopped"), "{junit}");
     }
+
+    /// The check's report states the status the process ended with: the signal's.
+    fn assert_check_states(&self, signal: Signal) {
+        let report: serde_json::Value = serde_json::from_str(&self.check.output()).unwrap();
+        assert_eq!(report["exit_code"], 128 + signal as i32, "{report}");
+        assert_eq!(report["stopped_by"], signal.as_str(), "{report}");
+    }
 }
 
 #[test]
@@ -488,10 +497,59 @@ fn record_load_demo_and_check_stop_in_order_on_each_signal() {
             assert!(!netns_exists(&netns), "{netns} left behind");
         }
         commands.assert_finished();
+        commands.assert_check_states(signal);
     }
     stop_load(traffic, Signal::SIGTERM);
     leftovers::assert_no_strays(&[]);
     host.assert_nothing_added("record, load, demo and check");
+}
+
+/// `check` stopped by SIGTERM in its table view: its summary's last line states the status
+/// the process ends with, 143 as a shell shows it (not the 2 of a problem of the spec or
+/// the kernel), and the process does end with SIGTERM, leaving nothing behind.
+#[test]
+fn a_stopped_check_states_the_status_it_ends_with() {
+    let Some(host) = host_before_as_root() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (pps, reader_pps) = rates();
+    let spec = dir.path().join("lab.toml");
+    std::fs::write(
+        &spec,
+        SPEC.replace("READER_PPS", &reader_pps).replace("PPS", &pps),
+    )
+    .unwrap();
+    let mut check = Run::start(
+        "check (table)",
+        &args(&["check", spec.to_str().unwrap()]),
+        Io::Pipes,
+        Start::default(),
+    );
+    let netns = netns_of(&check);
+    wait_until(under_way(), "the check's namespace", || {
+        netns_exists(&netns)
+    });
+    let pid = check.pid();
+    wait_until(under_way(), "the check's probes attached", || {
+        !Held::of(pid).programs.is_empty()
+    });
+    let held = Held::of(pid);
+    check.signal(Signal::SIGTERM);
+    ends_promptly_by(&mut check, Signal::SIGTERM);
+    held.assert_gone(&check.name);
+    let out = check.output();
+    let last = out.lines().last().unwrap_or_default();
+    assert_eq!(
+        last,
+        "2 scenarios: 0 passed, 0 failed, 2 errors (stopped by SIGTERM: exit 143)",
+        "{}",
+        check.said()
+    );
+    assert!(!check.errors().contains("panicked"), "{}", check.said());
+    assert!(!netns_exists(&netns), "{netns} left behind");
+    leftovers::assert_no_strays(&[]);
+    host.assert_nothing_added("check");
 }
 
 /// CPU time (user and system, all threads) of `pid` so far, in clock ticks (1/100 s).

@@ -16,7 +16,7 @@
 //! absolute rates are far below a real machine's; the ratios are what the bench is for.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -169,16 +169,20 @@ fn measures() -> Vec<Measure<Measured>> {
     measures
 }
 
+/// Where the results go: `--out`, or `target/bench/backends.json`.
+pub(crate) fn out(args: &Args) -> PathBuf {
+    args.out.clone().unwrap_or_else(|| default_out("backends"))
+}
+
 /// Runs `cargo xtask bench backends`: builds tap-probe, boots the guest with this xtask in
 /// it, and summarises what the guest measured.
 ///
 /// # Errors
 /// If the build or the guest fails, or any run fails or counts wrong; the results are
 /// written first.
-pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args, out: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
-    let out = args.out.clone().unwrap_or_else(|| default_out("backends"));
-    let dir = runs_dir(&out)?;
+    let dir = runs_dir(out)?;
     let tap_probe = cmd::build_release_bin("tap-probe", "tap-probe")?;
     let xtask = std::env::current_exe().context("finding xtask's own executable")?;
     let (kernel, modules) = vm::prepare(&vm::Guest {
@@ -259,7 +263,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         booted.times(),
         started.elapsed().as_secs_f64()
     );
-    results.finish(&measures, &out)
+    results.finish(&measures, out)
 }
 
 /// The tracepoint backend's loss at most half of kprobe's; not measurable when either is

@@ -22,7 +22,7 @@
 //! that the programs ran at least once per datagram sent.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -174,18 +174,31 @@ impl Costs {
     }
 }
 
+/// The benchmark's name, as its results are named: `overhead`, or `overhead-other` for
+/// `--traffic other`.
+fn name(args: &Args) -> &'static str {
+    match args.traffic {
+        Traffic::Tap => "overhead",
+        Traffic::Other => "overhead-other",
+    }
+}
+
+/// Where the results go: `--out`, or `target/bench/NAME.json`.
+pub(crate) fn out(args: &Args) -> PathBuf {
+    args.rounds
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out(name(args)))
+}
+
 /// Runs `cargo xtask bench overhead` with the release `tap_probe`.
 ///
 /// # Errors
 /// If any run fails or is invalid; the results are written first.
-pub(crate) fn run(args: &Args, tap_probe: &Path, floor: &Path) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args, out: &Path, tap_probe: &Path, floor: &Path) -> anyhow::Result<()> {
     let rounds = &args.rounds;
-    let name = match args.traffic {
-        Traffic::Tap => "overhead",
-        Traffic::Other => "overhead-other",
-    };
-    let out = rounds.out.clone().unwrap_or_else(|| default_out(name));
-    let dir = runs_dir(&out)?;
+    let name = name(args);
+    let dir = runs_dir(out)?;
     let variants = match args.traffic {
         Traffic::Tap => vec![
             Variant::ProbeOff,
@@ -278,7 +291,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path, floor: &Path) -> anyhow::Result
         costs,
     );
     eprintln!("raw output of every run in {}", dir.display());
-    results.finish(&measures, &out)
+    results.finish(&measures, out)
 }
 
 /// One more run of tap-probe, with `args` (`--program-stats` among them): what its programs

@@ -10,7 +10,7 @@
 
 use std::fmt;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -136,14 +136,18 @@ fn measures() -> [Measure<Measured>; 5] {
     ]
 }
 
+/// Where the results go: `--out`, or `target/bench/record.json`.
+pub(crate) fn out(args: &Args) -> PathBuf {
+    args.out.clone().unwrap_or_else(|| default_out("record"))
+}
+
 /// Runs `cargo xtask bench record` with the release `tap_probe`.
 ///
 /// # Errors
 /// If any run fails or is invalid (a recording that missed packets the load sent); the
 /// results are written first.
-pub(crate) fn run(args: &Args, tap_probe: &Path, floor: &Path) -> anyhow::Result<()> {
-    let out = args.out.clone().unwrap_or_else(|| default_out("record"));
-    let dir = runs_dir(&out)?;
+pub(crate) fn run(args: &Args, out: &Path, tap_probe: &Path, floor: &Path) -> anyhow::Result<()> {
+    let dir = runs_dir(out)?;
     let schedule = Schedule {
         variants: vec![Variant::ProbeOff, Variant::Floor, Variant::Record],
         rounds: args.pairs,
@@ -206,7 +210,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path, floor: &Path) -> anyhow::Result
         ),
     ];
     eprintln!("raw output of every run in {}", dir.display());
-    results.finish(&measures, &out)
+    results.finish(&measures, out)
 }
 
 fn run_once(

@@ -61,11 +61,16 @@ struct Results {
     live_goal_met: bool,
 }
 
-/// Runs the benchmark.
+/// Where the results go: `--out`, or `target/bench/replay.json`.
+pub(crate) fn out(args: &Args) -> PathBuf {
+    args.out.clone().unwrap_or_else(|| default_out("replay"))
+}
+
+/// Runs the benchmark, its results into `out`.
 ///
 /// # Errors
 /// If a run fails or prints something that is not the expected JSON.
-pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
+pub(crate) fn run(args: &Args, out: &Path, tap_probe: &Path) -> anyhow::Result<()> {
     let mut replay: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     let mut live: Vec<Vec<f64>> = vec![Vec::new(); POLICIES.len()];
     for round in 0..args.runs {
@@ -130,8 +135,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         met(replay_goal_met),
         met(live_goal_met)
     );
-    let out = args.out.clone().unwrap_or_else(|| default_out("replay"));
-    write_json(&out, &results)?;
+    write_json(out, &results)?;
     eprintln!("results written to {}", out.display());
     Ok(())
 }

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -78,14 +78,18 @@ struct Results {
     goals: Vec<Goal>,
 }
 
+/// Where the results go: `--out`, or `target/bench/serve.json`.
+pub(crate) fn out(args: &Args) -> PathBuf {
+    args.out.clone().unwrap_or_else(|| default_out("serve"))
+}
+
 /// Runs `cargo xtask bench serve` with the release `tap_probe`.
 ///
 /// # Errors
 /// When the taps cannot be made, serve does not start or stops, or it leaves a tap
 /// untracked.
-pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
-    let out = args.out.clone().unwrap_or_else(|| default_out("serve"));
-    let dir = runs_dir(&out)?;
+pub(crate) fn run(args: &Args, out: &Path, tap_probe: &Path) -> anyhow::Result<()> {
+    let dir = runs_dir(out)?;
     raise_open_files()?;
     let netns = format!("tp-bench-serve-{}", std::process::id());
     let taps = Taps::create(&netns, args.taps, args.queues)?;
@@ -160,7 +164,7 @@ pub(crate) fn run(args: &Args, tap_probe: &Path) -> anyhow::Result<()> {
         goals,
     };
     println!("{}", serde_json::to_string_pretty(&results)?);
-    write_json(&out, &results)?;
+    write_json(out, &results)?;
     eprintln!("xtask bench serve: results in {}", out.display());
     if taps_served != args.taps as usize || results.untracked != Some(0.0) {
         bail!(

@@ -5,28 +5,31 @@
 use std::ops::Range;
 
 use serde::Deserialize;
+use tap_probe_common::echo::clip_quoted;
 use toml::Spanned;
 
 use super::{ScenarioRef, SpecError};
 
 /// A problem the TOML reader found (syntax, unknown key, wrong type), with its scenario
-/// and key worked out from where it is.
+/// and key worked out from where it is. What the reader quotes of the text is cut.
 pub(super) fn toml_error(text: &str, message: &str, span: Option<Range<usize>>) -> SpecError {
+    let message = clip_quoted(message.trim_end());
     let Some(span) = span else {
         return SpecError {
             scenario: None,
             key: None,
             line: None,
-            message: message.to_owned(),
+            message,
             detail: None,
         };
     };
+    let source = Source::new(text);
     SpecError {
         scenario: scenario_at(text, span.start),
         key: key_at(text, &span),
-        line: Some(line_of(text, span.start)),
-        message: message.trim_end().to_owned(),
-        detail: Some(snippet(text, &span)),
+        line: Some(source.line_of(span.start)),
+        message,
+        detail: Some(source.snippet(&span)),
     }
 }
 
@@ -128,39 +131,49 @@ fn line_starts(text: &str) -> impl Iterator<Item = (usize, &str)> {
     })
 }
 
-/// The 1-based line of byte `offset`.
-pub(super) fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .split(|&b| b == b'\n')
-        .count()
+/// A spec's text with where its lines start, found once: every problem's line and snippet
+/// is then a binary search away, however many problems and lines there are.
+pub(super) struct Source<'a> {
+    text: &'a str,
+    /// Byte offset of each line's first byte.
+    starts: Vec<usize>,
 }
 
-/// The line holding `span` with a caret line under it (up to its end of line). Control
-/// characters show as spaces so that the carets stay under their columns.
-pub(super) fn snippet(text: &str, span: &Range<usize>) -> String {
-    let Some((line_start, line)) = line_starts(text)
-        .take_while(|(start, _)| *start <= span.start)
-        .last()
-    else {
-        return String::new();
-    };
-    let number = line_of(text, span.start).to_string();
-    let column = text
-        .get(line_start..span.start)
-        .map_or(0, |s| s.chars().count());
-    let width = text
-        .get(span.start..span.end.min(line_start + line.len()).max(span.start))
-        .map_or(0, |s| s.chars().count())
-        .max(1);
-    let shown: String = line
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    format!(
-        "    {number} | {}\n    {} | {}{}",
-        shown.trim_end(),
-        " ".repeat(number.len()),
-        " ".repeat(column),
-        "^".repeat(width)
-    )
+impl<'a> Source<'a> {
+    pub(super) fn new(text: &'a str) -> Self {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(at, _)| at + 1))
+            .collect();
+        Self { text, starts }
+    }
+
+    /// The 1-based line of byte `offset`.
+    pub(super) fn line_of(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&start| start <= offset).max(1)
+    }
+
+    /// The line holding `span` with a caret line under it (up to its end of line), cut
+    /// around the span when the line is long ([`crate::caret`]).
+    pub(super) fn snippet(&self, span: &Range<usize>) -> String {
+        let number = self.line_of(span.start);
+        let line_start = self.starts[number - 1];
+        let line_end = self
+            .starts
+            .get(number)
+            .map_or(self.text.len(), |next| next - 1);
+        let Some(line) = self.text.get(line_start..line_end) else {
+            return String::new();
+        };
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        let start = span.start.clamp(line_start, line_start + line.len());
+        let column = self
+            .text
+            .get(line_start..start)
+            .map_or(0, |s| s.chars().count());
+        let width = self
+            .text
+            .get(start..span.end.clamp(start, line_start + line.len()))
+            .map_or(0, |s| s.chars().count());
+        crate::caret::under(line, column, width, &format!("    {number} | "))
+    }
 }

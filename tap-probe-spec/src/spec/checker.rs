@@ -4,23 +4,24 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use tap_probe_common::echo::{MAX_CHARS, quoted};
 use toml::Spanned;
 
-use super::source::{line_of, snippet};
+use super::source::Source;
 use super::{
     DEFAULT_TX_QUEUE_LEN, MAX_DURATION, MAX_PACKETS, MAX_PPS, MAX_SENDER_THREADS, MAX_TX_QUEUE_LEN,
-    RawScenario, Reader, Scenario, ScenarioRef, SpecError, Traffic,
+    RawScenario, ReaderKind, Scenario, ScenarioRef, SpecError, SpecErrors, Traffic,
 };
-use crate::check::baseline::SavedBaseline;
-use crate::check::expr::{Expectation, Name};
+use crate::baseline::SavedBaseline;
+use crate::expr::{Expectation, Name};
 
 /// Validates one raw scenario, pushing every problem; `None` when there was one.
 pub(super) struct Checker<'a> {
-    pub(super) text: &'a str,
+    pub(super) source: &'a Source<'a>,
     pub(super) at: &'a ScenarioRef,
     /// The `[[scenario]]` header: where a missing key is reported.
     pub(super) header: Range<usize>,
-    pub(super) errors: &'a mut Vec<SpecError>,
+    pub(super) errors: &'a mut SpecErrors,
 }
 
 impl Checker<'_> {
@@ -31,14 +32,14 @@ impl Checker<'_> {
         message: String,
         detail: Option<String>,
     ) {
-        let line = span.as_ref().map(|s| line_of(self.text, s.start));
-        let detail = detail.or_else(|| span.map(|s| snippet(self.text, &s)));
-        self.errors.push(SpecError {
-            scenario: Some(self.at.clone()),
+        let source = self.source;
+        let at = self.at;
+        self.errors.push(|| SpecError {
+            scenario: Some(at.clone()),
             key: key.map(str::to_owned),
-            line,
+            line: span.as_ref().map(|s| source.line_of(s.start)),
             message,
-            detail,
+            detail: detail.or_else(|| span.map(|s| source.snippet(&s))),
         });
     }
 
@@ -86,7 +87,7 @@ impl Checker<'_> {
         known: &[&str],
         baseline: Option<&SavedBaseline>,
     ) -> Option<Scenario> {
-        let before = self.errors.len();
+        let before = self.errors.total;
         let stop_present = raw.packets.is_some() || raw.duration.is_some();
         let name = self.name(raw.name);
         let qdisc = raw.qdisc.map(Spanned::into_inner);
@@ -149,7 +150,7 @@ impl Checker<'_> {
         );
         let expect = self.expectations(raw.expect, known, baseline, name.as_deref());
         // From here on, an absent value is one the file left out: a bad one was reported.
-        if self.errors.len() > before {
+        if self.errors.total > before {
             return None;
         }
         Some(Scenario {
@@ -163,7 +164,7 @@ impl Checker<'_> {
                 duration,
                 sender_threads: sender_threads.map_or(Some(1), |v| u32::try_from(v).ok())?,
                 pps: pps.filter(|&v| v > 0),
-                reader: raw.reader.map_or(Reader::Read, Spanned::into_inner),
+                reader: raw.reader.map_or(ReaderKind::Read, Spanned::into_inner),
                 reader_pps,
             },
             expect,
@@ -299,7 +300,8 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
         })?;
     if duration.is_zero() || !duration.as_nanos().is_multiple_of(1_000_000) {
         return Err(format!(
-            "{text:?} is not a whole number of milliseconds above 0; use e.g. \"1ms\" or more"
+            "{} is not a whole number of milliseconds above 0; use e.g. \"1ms\" or more",
+            quoted(text, MAX_CHARS)
         ));
     }
     Ok(duration)

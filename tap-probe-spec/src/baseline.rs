@@ -17,15 +17,21 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
+use tap_probe_common::echo::{MAX_CHARS, clip_quoted, clipped, quoted};
 
-use super::report::{CheckReport, Measured};
+use crate::measured::{Measured, MeasuredValue};
 
 const FORMAT: &str = "tap-probe-check-baseline";
 const VERSION: u64 = 1;
+
+/// The largest baseline read, in bytes: a run of [`crate::spec::MAX_SCENARIOS`] scenarios
+/// saves some 10 MB. A larger file (or a device that never ends) is refused before it is read.
+pub const MAX_BYTES: u64 = 16 << 20;
+/// The most of its scenarios a message names when the baseline lacks one.
+const HAS_SHOWN: usize = 10;
 
 /// A baseline file's contents: per scenario, the values an earlier run measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,20 +52,13 @@ struct File {
 }
 
 impl SavedBaseline {
-    /// The values a run measured, for `--save-baseline`. Scenarios that measured nothing
-    /// (they failed to run) are left out: a later run comparing with them gets an error
-    /// naming the scenario, not a comparison with nothing.
+    /// A baseline of what a run measured (`--save-baseline`), per scenario.
     #[must_use]
-    pub fn from_report(report: &CheckReport) -> Self {
+    pub fn new(kernel_release: String, scenarios: BTreeMap<String, Measured>) -> Self {
         Self {
             source: String::new(),
-            kernel_release: report.kernel_release.clone(),
-            scenarios: report
-                .scenarios
-                .iter()
-                .filter_map(|s| Some((s.name.clone(), s.measured.clone()?)))
-                .filter(|(_, measured)| !measured.is_empty())
-                .collect(),
+            kernel_release,
+            scenarios,
         }
     }
 
@@ -84,7 +83,10 @@ impl SavedBaseline {
     /// When the text is not a baseline of this version, saying what to do.
     pub fn parse(text: &str, source: &str) -> Result<Self> {
         let redo = "write it with `tap-probe check --save-baseline FILE`";
+        // serde_json's messages quote what they read: cut, as every echo is.
+        let reader = |err: serde_json::Error| anyhow!(clip_quoted(&err.to_string()));
         let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(reader)
             .with_context(|| format!("baseline {source} is not JSON; {redo}"))?;
         if value.get("format").and_then(serde_json::Value::as_str) != Some(FORMAT) {
             bail!(
@@ -102,36 +104,13 @@ impl SavedBaseline {
             ),
         }
         let file: File = serde_json::from_value(value)
+            .map_err(reader)
             .with_context(|| format!("baseline {source} is damaged; {redo}"))?;
         Ok(Self {
             source: source.to_owned(),
             kernel_release: file.kernel_release,
             scenarios: file.scenarios,
         })
-    }
-
-    /// Reads `--baseline FILE`.
-    ///
-    /// # Errors
-    /// When the file cannot be read or is not a baseline.
-    pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "cannot read baseline {}; pass a file written by `tap-probe check \
-                 --save-baseline FILE`",
-                path.display()
-            )
-        })?;
-        Self::parse(&text, &path.display().to_string())
-    }
-
-    /// Writes `--save-baseline FILE`.
-    ///
-    /// # Errors
-    /// When the file cannot be written.
-    pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_json())
-            .with_context(|| format!("cannot write baseline {}", path.display()))
     }
 
     /// The kernel the baseline was measured on.
@@ -151,11 +130,12 @@ impl SavedBaseline {
             .ok_or_else(|| BaselineError::NoScenario {
                 source: self.source.clone(),
                 scenario: scenario.to_owned(),
-                has: self.scenarios.keys().cloned().collect(),
+                has: self.scenarios.keys().take(HAS_SHOWN).cloned().collect(),
+                of: self.scenarios.len(),
             })?;
         measured
             .get(name)
-            .map(super::report::MeasuredValue::as_f64)
+            .map(MeasuredValue::as_f64)
             .ok_or_else(|| BaselineError::NoValue {
                 source: self.source.clone(),
                 scenario: scenario.to_owned(),
@@ -170,7 +150,10 @@ pub enum BaselineError {
     NoScenario {
         source: String,
         scenario: String,
+        /// The first of the scenarios it has, at most [`HAS_SHOWN`].
         has: Vec<String>,
+        /// How many it has.
+        of: usize,
     },
     NoValue {
         source: String,
@@ -186,13 +169,21 @@ impl fmt::Display for BaselineError {
                 source,
                 scenario,
                 has,
+                of,
             } => {
-                write!(f, "baseline {source} has no scenario {scenario:?}")?;
+                write!(
+                    f,
+                    "baseline {source} has no scenario {}",
+                    quoted(scenario, MAX_CHARS)
+                )?;
                 if has.is_empty() {
                     f.write_str(" (it has none)")?;
                 } else {
-                    let has: Vec<String> = has.iter().map(|s| format!("{s:?}")).collect();
-                    write!(f, " (it has {})", has.join(", "))?;
+                    let mut names: Vec<String> = has.iter().map(|s| quoted(s, MAX_CHARS)).collect();
+                    if *of > has.len() {
+                        names.push(format!("and {} more", of - has.len()));
+                    }
+                    write!(f, " (it has {})", names.join(", "))?;
                 }
                 f.write_str(
                     "; save a baseline from a run of this spec with --save-baseline, or fix \
@@ -203,11 +194,15 @@ impl fmt::Display for BaselineError {
                 source,
                 scenario,
                 name,
-            } => write!(
-                f,
-                "baseline {source} has no `{name}` for scenario {scenario:?}; the run that \
-                 saved it did not measure `{name}`: save the baseline again"
-            ),
+            } => {
+                let name = clipped(name, MAX_CHARS);
+                write!(
+                    f,
+                    "baseline {source} has no `{name}` for scenario {}; the run that saved it \
+                     did not measure `{name}`: save the baseline again",
+                    quoted(scenario, MAX_CHARS)
+                )
+            }
         }
     }
 }
@@ -217,18 +212,27 @@ impl std::error::Error for BaselineError {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::report::tests::{KNOWN, backpressure, report, spec};
-    use crate::check::report::{MeasuredValue, ScenarioReport};
-    use crate::check::spec::Spec;
+
+    /// What a run of the README's two scenarios saved: a count beyond 2^53 too.
+    pub(crate) fn saved() -> SavedBaseline {
+        let mut stock = Measured::default();
+        stock.insert_count("sent", (1 << 53) + 1);
+        stock.insert_real("delivered_pps", 0.1).unwrap();
+        let mut backpressure = Measured::default();
+        backpressure.insert_count("sent", 50_000);
+        backpressure.insert_real("delivered_pps", 99_980.0).unwrap();
+        SavedBaseline::new(
+            "7.3.0-1-cloud-amd64".to_owned(),
+            BTreeMap::from([
+                ("stock".to_owned(), stock),
+                ("fq_codel with backpressure".to_owned(), backpressure),
+            ]),
+        )
+    }
 
     #[test]
     fn round_trip_keeps_counts_exact() {
-        let mut report = report();
-        let mut m = Measured::default();
-        m.insert_count("sent", (1 << 53) + 1);
-        m.insert_real("delivered_pps", 0.1).unwrap();
-        report.scenarios[0].measured = Some(m);
-        let baseline = SavedBaseline::from_report(&report);
+        let baseline = saved();
         let text = baseline.to_json();
         let read = SavedBaseline::parse(&text, "base.json").unwrap();
         assert_eq!(read.kernel_release(), "7.3.0-1-cloud-amd64");
@@ -251,24 +255,26 @@ mod tests {
         );
     }
 
+    /// Found by the fuzzer (`check_baseline`): an integer too large for a count is read as a
+    /// real, which must read back from the file's own text as the same real, as every rate
+    /// must: JSON's decimal digits rounded correctly, not nearly.
     #[test]
-    fn scenarios_that_measured_nothing_are_left_out() {
-        let spec = spec();
-        let mut report = report();
-        report.scenarios[0] =
-            ScenarioReport::errored(&spec.scenarios[0], "no tun".to_owned(), None, 0.0);
-        let baseline = SavedBaseline::from_report(&report);
-        let names: Vec<&String> = baseline.scenarios.keys().collect();
-        assert_eq!(names, ["fq_codel with backpressure"]);
+    fn reals_read_back_exactly() {
+        let text = r#"{"format": "tap-probe-check-baseline", "version": 1, "kernel_release": "7.3",
+            "scenarios": {"s": {"qdisc_drops": 111111110191111111111, "delivered_pps": 183512.5,
+            "elapsed_secs": 0.30000000000000004}}}"#;
+        let read = SavedBaseline::parse(text, "b.json").unwrap();
+        assert_eq!(
+            read.value("s", "qdisc_drops"),
+            Ok(1.111_111_101_911_111_1e20)
+        );
+        let again = SavedBaseline::parse(&read.to_json(), "b.json").unwrap();
+        assert_eq!(again, read);
     }
 
     #[test]
     fn missing_scenario_or_value_names_both() {
-        let read = SavedBaseline::parse(
-            &SavedBaseline::from_report(&report()).to_json(),
-            "base.json",
-        )
-        .unwrap();
+        let read = SavedBaseline::parse(&saved().to_json(), "base.json").unwrap();
         assert_eq!(
             read.value("renamed", "sent").unwrap_err().to_string(),
             "baseline base.json has no scenario \"renamed\" (it has \"fq_codel with \
@@ -335,69 +341,39 @@ mod tests {
     }
 
     #[test]
-    fn files_are_written_and_read() {
-        let dir = std::env::temp_dir().join(format!("check-baseline-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("base.json");
-        let baseline = SavedBaseline::from_report(&report());
-        baseline.write(&path).unwrap();
-        let read = SavedBaseline::read(&path).unwrap();
-        assert_eq!(read.scenarios, baseline.scenarios);
-        assert!(read.source.ends_with("base.json"));
-        let err = format!(
-            "{:#}",
-            SavedBaseline::read(&dir.join("missing.json")).unwrap_err()
-        );
+    fn what_a_message_quotes_is_bounded() {
+        // A baseline of many scenarios: ten are named, the others counted.
+        let many: BTreeMap<String, Measured> = (0..10_000)
+            .map(|i| (format!("scenario {i:05}"), Measured::default()))
+            .collect();
+        let err = SavedBaseline::new("7.3".to_owned(), many)
+            .value("renamed", "sent")
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains("missing.json") && err.contains("--save-baseline"),
+            err.contains("\"scenario 00009\", and 9990 more); save a baseline"),
             "{err}"
         );
-        let err = format!(
-            "{:#}",
-            baseline.write(&dir.join("no/such/dir.json")).unwrap_err()
+        assert!(!err.contains("scenario 00010"), "{err}");
+        // A name of a megabyte, asked for or found in the file, is cut.
+        let long = "n".repeat(1_000_000);
+        let err = saved().value(&long, &long).unwrap_err().to_string();
+        assert!(
+            err.len() < 1000 && err.contains("(1000000 characters)"),
+            "{err}"
         );
-        assert!(err.contains("cannot write baseline"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_run_compares_with_its_baseline() {
-        let text = r#"
-[[scenario]]
-name = "fq_codel with backpressure"
-qdisc = "fq-codel"
-backpressure = true
-packets = 50000
-expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.sent"]
-"#;
-        let saved = SavedBaseline::parse(
-            &SavedBaseline::from_report(&report()).to_json(),
-            "base.json",
-        )
-        .unwrap();
-        let spec = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
-        let mut slower = backpressure();
-        slower.insert_real("delivered_pps", 90_000.0).unwrap();
-        let judged = ScenarioReport::judged(&spec.scenarios[0], slower, Some(&saved), 1.0);
-        let e = &judged.expectations[0];
-        assert_eq!(
-            e.message.as_deref(),
-            Some(
-                "`delivered_pps >= 0.95 * baseline.delivered_pps` failed: left `delivered_pps` \
-                 = 90000, right `0.95 * baseline.delivered_pps` = 94981"
-            )
+        let err = saved().value("stock", &long).unwrap_err().to_string();
+        assert!(
+            err.len() < 1000 && err.contains("(1000000 characters)`"),
+            "{err}"
         );
-        assert_eq!(
-            e.values.to_string(),
-            "delivered_pps = 90000, baseline.delivered_pps = 99980"
+        let text = format!(
+            r#"{{"format": "tap-probe-check-baseline", "version": 1, "kernel_release": "x",
+            "scenarios": {{"s": {{"sent": "{long}"}}}}}}"#
         );
-        assert_eq!(
-            judged.expectations[1].verdict,
-            crate::check::report::Verdict::Pass
-        );
-        // Without the baseline at evaluation the value is missing: an error, not a pass.
-        let spec_without = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
-        let judged = ScenarioReport::judged(&spec_without.scenarios[0], backpressure(), None, 1.0);
-        assert_eq!(judged.verdict, crate::check::report::Verdict::Error);
+        let err = format!("{:#}", SavedBaseline::parse(&text, "b.json").unwrap_err());
+        assert!(err.len() < 1000 && err.contains("is damaged"), "{err}");
+        let err = format!("{:#}", SavedBaseline::parse(&long, "b.json").unwrap_err());
+        assert!(err.len() < 1000 && err.contains("is not JSON"), "{err}");
     }
 }

@@ -29,11 +29,13 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use tap_probe_common::echo::{MAX_CHARS, clipped};
+
 mod eval;
 mod lex;
 mod parse;
 
-use eval::EvalError;
+pub use eval::EvalError;
 
 /// The prefix that makes a name refer to the baseline's value of the same scenario.
 pub(crate) const BASELINE_PREFIX: &str = "baseline.";
@@ -50,7 +52,7 @@ pub(crate) const MAX_EXACT_INTEGER: u64 = 1 << 53;
 
 /// A value an expression refers to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Name {
+pub enum Name {
     /// A value measured in this run of the scenario.
     Measured(String),
     /// The value the baseline holds for the same scenario (`baseline.NAME`).
@@ -154,7 +156,7 @@ enum ExprKind {
 
 /// One parsed `expect` entry: two sides and the comparison between them.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Expectation {
+pub struct Expectation {
     text: String,
     left: Expr,
     comparison: Comparison,
@@ -174,7 +176,7 @@ impl Expectation {
     ///
     /// # Errors
     /// When the text is not an expectation; the error points at the column.
-    pub(crate) fn parse(text: &str) -> Result<Self, ParseError> {
+    pub fn parse(text: &str) -> Result<Self, ParseError> {
         if text.chars().count() > MAX_LEN {
             return Err(ParseError::new(
                 text,
@@ -188,13 +190,15 @@ impl Expectation {
     }
 
     /// The expectation as written.
-    pub(crate) fn text(&self) -> &str {
+    #[must_use]
+    pub fn text(&self) -> &str {
         &self.text
     }
 
     /// Every name the expectation uses, each once: the measured ones, then the baseline's,
     /// each sorted.
-    pub(crate) fn names(&self) -> BTreeSet<&Name> {
+    #[must_use]
+    pub fn names(&self) -> BTreeSet<&Name> {
         let mut out = BTreeSet::new();
         self.left.collect_names(&mut out);
         self.right.collect_names(&mut out);
@@ -206,7 +210,7 @@ impl Expectation {
     ///
     /// # Errors
     /// Names every unknown name, with the closest known one when there is one.
-    pub(crate) fn check_names(&self, known: &[&str]) -> Result<(), UnknownNames> {
+    pub fn check_names(&self, known: &[&str]) -> Result<(), UnknownNames> {
         let unknown: Vec<UnknownName> = self
             .names()
             .into_iter()
@@ -231,10 +235,7 @@ impl Expectation {
     /// # Errors
     /// A name without a value or with a value that is not finite, a division by zero, or a
     /// result beyond `f64`'s range.
-    pub(crate) fn evaluate(
-        &self,
-        lookup: &dyn Fn(&Name) -> Option<f64>,
-    ) -> Result<Outcome, EvalError> {
+    pub fn evaluate(&self, lookup: &dyn Fn(&Name) -> Option<f64>) -> Result<Outcome, EvalError> {
         let left = self.left.eval(&self.text, lookup)?;
         let right = self.right.eval(&self.text, lookup)?;
         Ok(Outcome {
@@ -246,7 +247,8 @@ impl Expectation {
 
     /// One line that shows why the expectation failed: both sides and their values, e.g.
     /// ``` `dropped_full_ring == 0` failed: left `dropped_full_ring` = 49000, right = 0 ```.
-    pub(crate) fn failure_message(&self, outcome: &Outcome) -> String {
+    #[must_use]
+    pub fn failure_message(&self, outcome: &Outcome) -> String {
         format!(
             "`{}` failed: left {}, right {}",
             self.text,
@@ -283,7 +285,7 @@ pub(crate) struct UnknownName {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct UnknownNames(pub(crate) Vec<UnknownName>);
+pub struct UnknownNames(pub(crate) Vec<UnknownName>);
 
 impl fmt::Display for UnknownNames {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -291,7 +293,11 @@ impl fmt::Display for UnknownNames {
             if i > 0 {
                 f.write_str("; ")?;
             }
-            write!(f, "unknown name `{}`", unknown.name)?;
+            write!(
+                f,
+                "unknown name `{}`",
+                clipped(&unknown.name.to_string(), MAX_CHARS)
+            )?;
             if let Some(suggestion) = &unknown.suggestion {
                 write!(f, " (did you mean `{suggestion}`?)")?;
             }
@@ -332,7 +338,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// A syntax error, with the column it is at.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ParseError {
+pub struct ParseError {
     text: String,
     /// 1-based, in characters.
     column: usize,
@@ -367,22 +373,15 @@ impl ParseError {
 }
 
 impl fmt::Display for ParseError {
-    /// The message, then the expression and a caret line under the culprit. Control
-    /// characters show as spaces so that the caret stays under its column.
+    /// The message, then the expression and a caret line under the culprit
+    /// ([`crate::caret`]: cut around it when the expression is long).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: String = self
-            .text
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
         write!(
             f,
-            "{} at column {}\n    {}\n    {}{}",
+            "{} at column {}\n{}",
             self.message,
             self.column,
-            shown.trim_end(),
-            " ".repeat(self.column - 1),
-            "^".repeat(self.width)
+            crate::caret::under(&self.text, self.column - 1, self.width, "    ")
         )
     }
 }

@@ -65,7 +65,7 @@ impl Expr {
 
 /// Why an expectation could not be evaluated.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum EvalError {
+pub enum EvalError {
     /// The name is known but this run has no value for it (e.g. `qdisc_drops` without a
     /// qdisc, a counter this kernel's probes cannot see, a baseline without the scenario).
     NotMeasured(Name),

@@ -36,7 +36,8 @@ use toml::Spanned;
 use super::baseline::SavedBaseline;
 use super::expr::Expectation;
 use checker::Checker;
-use source::toml_error;
+use source::{Source, toml_error};
+use tap_probe_common::echo::{MAX_CHARS, clipped, quoted};
 
 /// The largest ring tun allocates on x86-64: `__ptr_ring_init_queue_alloc` refuses more
 /// than `KMALLOC_MAX_SIZE / sizeof(void *)` entries (`include/linux/ptr_ring.h`), 4 MiB / 8.
@@ -50,26 +51,35 @@ const MAX_SENDER_THREADS: i64 = 16;
 const MAX_PPS: i64 = 100_000_000;
 const DEFAULT_TX_QUEUE_LEN: u32 = 1000;
 
-pub use crate::lab::load::Qdisc;
-pub use crate::lab::load::ReaderKind as Reader;
+/// The largest spec read, in bytes: some 200,000 scenarios of the README's size, far beyond
+/// [`MAX_SCENARIOS`]. A larger file (or a device that never ends, `/dev/zero`) is refused
+/// before it is read.
+pub const MAX_BYTES: u64 = 16 << 20;
+/// The most scenarios one check runs. Each builds a namespace and a tap of its own and runs
+/// its traffic, one after another: ten thousand take hours at the least.
+pub const MAX_SCENARIOS: usize = 10_000;
+/// The most problems a message shows in full; the others are counted, as compilers do.
+pub const MAX_SHOWN: usize = 20;
+
+pub use crate::traffic::{Qdisc, ReaderKind};
 
 /// What traffic a scenario runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Traffic {
-    pub(crate) qdisc: Qdisc,
-    pub(crate) backpressure: bool,
-    pub(crate) tx_queue_len: u32,
+    pub qdisc: Qdisc,
+    pub backpressure: bool,
+    pub tx_queue_len: u32,
     /// Stop after this many packets (with `duration`: whichever comes first).
-    pub(crate) packets: Option<u64>,
+    pub packets: Option<u64>,
     /// Stop after this long (with `packets`: whichever comes first).
     #[serde(rename = "duration_secs", serialize_with = "secs")]
     pub duration: Option<Duration>,
-    pub(crate) sender_threads: u32,
+    pub sender_threads: u32,
     /// `None`: as fast as possible (`pps = 0` in the file).
-    pub(crate) pps: Option<u64>,
-    pub(crate) reader: Reader,
+    pub pps: Option<u64>,
+    pub reader: ReaderKind,
     /// `None`: the reader takes packets as fast as it can.
-    pub(crate) reader_pps: Option<u64>,
+    pub reader_pps: Option<u64>,
 }
 
 #[expect(
@@ -85,7 +95,7 @@ pub struct Scenario {
     pub name: String,
     pub traffic: Traffic,
     /// Never empty.
-    pub(crate) expect: Vec<Expectation>,
+    pub expect: Vec<Expectation>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -107,21 +117,26 @@ impl Spec {
         baseline: Option<&SavedBaseline>,
     ) -> Result<Spec, SpecErrors> {
         let raw: RawSpec = toml::from_str(text)
-            .map_err(|err| SpecErrors(vec![toml_error(text, err.message(), err.span())]))?;
+            .map_err(|err| SpecErrors::one(toml_error(text, err.message(), err.span())))?;
         if raw.scenario.is_empty() {
-            return Err(SpecErrors(vec![SpecError {
-                scenario: None,
-                key: None,
-                line: None,
-                message: "the spec has no scenarios; add at least one `[[scenario]]` table, \
-                          e.g.\n    [[scenario]]\n    name = \"stock tail-drop\"\n    \
-                          qdisc = \"pfifo-fast\"\n    packets = 50000\n    \
-                          expect = [\"consumed + dropped_full_ring == sent\"]"
+            return Err(SpecErrors::one(SpecError::general(
+                "the spec has no scenarios; add at least one `[[scenario]]` table, \
+                 e.g.\n    [[scenario]]\n    name = \"stock tail-drop\"\n    \
+                 qdisc = \"pfifo-fast\"\n    packets = 50000\n    \
+                 expect = [\"consumed + dropped_full_ring == sent\"]"
                     .to_owned(),
-                detail: None,
-            }]));
+            )));
         }
-        let mut errors = Vec::new();
+        if raw.scenario.len() > MAX_SCENARIOS {
+            return Err(SpecErrors::one(SpecError::general(format!(
+                "the spec has {} scenarios; one check runs at most {MAX_SCENARIOS} (each builds \
+                 a namespace and a tap of its own and runs its traffic, one after another): \
+                 split it into several specs",
+                raw.scenario.len()
+            ))));
+        }
+        let source = Source::new(text);
+        let mut errors = SpecErrors::default();
         let mut scenarios = Vec::new();
         let mut first_with_name: BTreeMap<String, usize> = BTreeMap::new();
         for (i, raw) in raw.scenario.into_iter().enumerate() {
@@ -132,7 +147,7 @@ impl Spec {
                 name: raw.name.as_ref().map(|n| n.get_ref().clone()),
             };
             let mut check = Checker {
-                text,
+                source: &source,
                 at: &at,
                 header: header.clone(),
                 errors: &mut errors,
@@ -155,10 +170,10 @@ impl Spec {
                 }
             }
         }
-        if errors.is_empty() {
+        if errors.total == 0 {
             Ok(Spec { scenarios })
         } else {
-            Err(SpecErrors(errors))
+            Err(errors)
         }
     }
 }
@@ -174,7 +189,7 @@ impl fmt::Display for ScenarioRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "scenario {}", self.index)?;
         if let Some(name) = &self.name {
-            write!(f, " ({name:?})")?;
+            write!(f, " ({})", quoted(name, MAX_CHARS))?;
         }
         Ok(())
     }
@@ -200,7 +215,7 @@ impl fmt::Display for SpecError {
             context.push(scenario.to_string());
         }
         if let Some(key) = &self.key {
-            context.push(format!("key `{key}`"));
+            context.push(format!("key `{}`", clipped(key, MAX_CHARS)));
         }
         if let Some(line) = self.line {
             context.push(format!("line {line}"));
@@ -216,17 +231,67 @@ impl fmt::Display for SpecError {
     }
 }
 
-/// Every problem found in a spec, in file order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpecErrors(pub(crate) Vec<SpecError>);
+impl SpecError {
+    /// A problem of the whole spec, in no scenario.
+    fn general(message: String) -> Self {
+        Self {
+            scenario: None,
+            key: None,
+            line: None,
+            message,
+            detail: None,
+        }
+    }
+}
+
+/// The problems found in a spec, in file order: the first [`MAX_SHOWN`] in full, and how
+/// many there are in all. Those beyond are only counted, so that neither the message nor the
+/// memory grows with the spec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpecErrors {
+    pub(crate) shown: Vec<SpecError>,
+    pub(crate) total: usize,
+}
+
+impl SpecErrors {
+    fn one(error: SpecError) -> Self {
+        Self {
+            shown: vec![error],
+            total: 1,
+        }
+    }
+
+    /// Counts a problem, and keeps `error()` while fewer than [`MAX_SHOWN`] are kept.
+    pub(crate) fn push(&mut self, error: impl FnOnce() -> SpecError) {
+        if self.shown.len() < MAX_SHOWN {
+            self.shown.push(error());
+        }
+        self.total += 1;
+    }
+
+    /// How many problems there are, shown or not.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
 
 impl fmt::Display for SpecErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, err) in self.0.iter().enumerate() {
+        for (i, err) in self.shown.iter().enumerate() {
             if i > 0 {
                 f.write_str("\n")?;
             }
             write!(f, "{err}")?;
+        }
+        let more = self.total - self.shown.len();
+        if more > 0 {
+            write!(
+                f,
+                "\n... and {more} more problem{} ({} in all); fix these and check again",
+                if more == 1 { "" } else { "s" },
+                self.total
+            )?;
         }
         Ok(())
     }
@@ -254,7 +319,7 @@ struct RawScenario {
     pub(super) duration: Option<Spanned<DurationText>>,
     pub(super) sender_threads: Option<Spanned<i64>>,
     pub(super) pps: Option<Spanned<i64>>,
-    pub(super) reader: Option<Spanned<Reader>>,
+    pub(super) reader: Option<Spanned<ReaderKind>>,
     pub(super) reader_pps: Option<Spanned<i64>>,
     pub(super) expect: Option<Spanned<Vec<Spanned<String>>>>,
 }

@@ -2,8 +2,8 @@ use proptest::prelude::*;
 
 use super::checker::parse_duration;
 use super::*;
-use crate::check::expr::tests::KNOWN;
-use crate::check::report::{CheckReport, Measured, ScenarioReport};
+use crate::expr::tests::KNOWN;
+use crate::measured::Measured;
 
 const GOOD: &str = r#"
 # Stock behaviour first.
@@ -34,7 +34,7 @@ fn parse(text: &str) -> Result<Spec, SpecErrors> {
 fn errors(text: &str) -> Vec<SpecError> {
     match parse(text) {
         Ok(spec) => panic!("parsed: {spec:?}"),
-        Err(SpecErrors(errors)) => errors,
+        Err(errors) => errors.shown,
     }
 }
 
@@ -67,7 +67,7 @@ fn reads_every_key_and_defaults() {
             duration: None,
             sender_threads: 1,
             pps: None,
-            reader: Reader::Read,
+            reader: ReaderKind::Read,
             reader_pps: None,
         }
     );
@@ -83,7 +83,7 @@ fn reads_every_key_and_defaults() {
             duration: Some(Duration::from_millis(1500)),
             sender_threads: 2,
             pps: Some(200_000),
-            reader: Reader::Vhost,
+            reader: ReaderKind::Vhost,
             reader_pps: Some(5000),
         }
     );
@@ -113,7 +113,7 @@ fn every_qdisc_and_reader_spelling() {
         assert_eq!(spec.scenarios[0].traffic.qdisc, qdisc);
     }
     let spec = parse(&with("reader = \"read\"")).unwrap();
-    assert_eq!(spec.scenarios[0].traffic.reader, Reader::Read);
+    assert_eq!(spec.scenarios[0].traffic.reader, ReaderKind::Read);
 }
 
 #[test]
@@ -419,23 +419,131 @@ fn all_problems_are_reported_at_once() {
     );
 }
 
+/// A spec of `n` scenarios, each with one problem (a packet count of 0).
+fn with_a_problem_each(n: usize) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for i in 0..n {
+        let _ = write!(
+            text,
+            "[[scenario]]\nname = \"s{i}\"\nqdisc = \"pfifo\"\npackets = 0\n\
+             expect = [\"sent >= 0\"]\n\n"
+        );
+    }
+    text
+}
+
+/// Beyond the first problems, the others are counted, as compilers do: the message and the
+/// memory stay the same size however large the spec.
+#[test]
+fn problems_beyond_the_first_are_counted() {
+    let errors = parse(&with_a_problem_each(MAX_SCENARIOS)).unwrap_err();
+    assert_eq!(errors.total(), MAX_SCENARIOS);
+    assert_eq!(errors.shown.len(), MAX_SHOWN);
+    let text = errors.to_string();
+    assert!(
+        text.ends_with("\n... and 9980 more problems (10000 in all); fix these and check again"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+    assert!(text.contains("scenario 20 (\"s19\")") && !text.contains("\"s20\""));
+    // Lines are found by their offsets, wherever they are.
+    let last = &errors.shown[MAX_SHOWN - 1];
+    assert_eq!(last.line, Some(19 * 6 + 4));
+    assert!(
+        last.detail
+            .as_deref()
+            .unwrap()
+            .starts_with("    118 | packets = 0")
+    );
+    let errors = parse(&with_a_problem_each(21)).unwrap_err();
+    assert!(
+        errors
+            .to_string()
+            .ends_with("... and 1 more problem (21 in all); fix these and check again")
+    );
+}
+
+#[test]
+fn a_spec_of_too_many_scenarios_is_refused_at_once() {
+    let err = only_error(&with_a_problem_each(MAX_SCENARIOS + 1));
+    assert_eq!(
+        err.message,
+        "the spec has 10001 scenarios; one check runs at most 10000 (each builds a namespace and \
+         a tap of its own and runs its traffic, one after another): split it into several specs"
+    );
+    assert_eq!(errors(&with_a_problem_each(MAX_SCENARIOS)).len(), MAX_SHOWN);
+}
+
+/// What a message quotes of the spec is cut, and says how long the whole is: a name, a key,
+/// a value, an expression or a line of a megabyte makes a message of a few lines.
+#[test]
+fn long_names_and_values_are_cut_in_messages() {
+    let long = "x".repeat(1_000_000);
+    let cases = [
+        // The name: its own problem, and the scenario it names in every other one.
+        (
+            with("").replace("name = \"s\"", &format!("name = \"{long}\"")),
+            "the name is longer than 200 characters",
+        ),
+        (
+            with("").replace("packets = 10", &format!("packets = 0\nname2 = \"{long}\"")),
+            "unknown field `name2`",
+        ),
+        (with(&format!("{long} = 1")), "unknown field `xxxx"),
+        (
+            with("").replace("\"pfifo\"", &format!("\"{long}\"")),
+            "unknown variant `xxxx",
+        ),
+        (
+            with("").replace("sent == 10", &format!("sent == {long}")),
+            "the expression is longer than 1000 characters",
+        ),
+        (with(&format!("duration = \"{long}\"")), "is not a duration"),
+        (
+            with("").replace("sent == 10", &format!("sent == 10 + {}", "x".repeat(900))),
+            "unknown name `xxxx",
+        ),
+    ];
+    for (text, what) in cases {
+        let shown = parse(&text).unwrap_err().to_string();
+        assert!(
+            shown.contains(what),
+            "{what}: {}",
+            &shown[..shown.len().min(2000)]
+        );
+        assert!(
+            shown.len() < 2000,
+            "{what}: {} bytes: {}",
+            shown.len(),
+            &shown[..2000]
+        );
+    }
+    let err = only_error(&with("").replace("name = \"s\"", &format!("name = \"{long}\"")));
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with(&format!(
+            "scenario 1 (\"{}\"… (1000000 characters)), key `name`, line 2: the name is longer",
+            "x".repeat(80)
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown.ends_with("^ (column 8 of a line of 1000009 characters)"),
+        "{shown}"
+    );
+}
+
 fn baseline_with(scenario: &str, pairs: &[(&str, u64)]) -> SavedBaseline {
-    let text = with("").replace("name = \"s\"", &format!("name = {scenario:?}"));
-    let spec = parse(&text).unwrap();
     let mut measured = Measured::default();
     for (k, v) in pairs {
         measured.insert_count(k, *v);
     }
-    let report = CheckReport {
-        kernel_release: "7.3.0".to_owned(),
-        scenarios: vec![ScenarioReport::judged(
-            &spec.scenarios[0],
-            measured,
-            None,
-            0.0,
-        )],
-    };
-    SavedBaseline::parse(&SavedBaseline::from_report(&report).to_json(), "base.json").unwrap()
+    let saved = SavedBaseline::new(
+        "7.3.0".to_owned(),
+        BTreeMap::from([(scenario.to_owned(), measured)]),
+    );
+    SavedBaseline::parse(&saved.to_json(), "base.json").unwrap()
 }
 
 #[test]
@@ -455,14 +563,14 @@ fn baseline_names_need_a_baseline_that_has_them() {
     let other_scenario = baseline_with("t", &[("delivered_pps", 1000)]);
     let err = Spec::parse(&text, KNOWN, Some(&other_scenario))
         .unwrap_err()
-        .0
+        .shown
         .remove(0);
     assert!(err.message.contains("base.json"), "{err}");
     assert!(err.message.contains("\"s\""), "{err}");
     let other_name = baseline_with("s", &[("sent", 1)]);
     let err = Spec::parse(&text, KNOWN, Some(&other_name))
         .unwrap_err()
-        .0
+        .shown
         .remove(0);
     assert!(err.message.contains("delivered_pps"), "{err}");
     assert!(err.message.contains("\"s\""), "{err}");
@@ -470,7 +578,7 @@ fn baseline_names_need_a_baseline_that_has_them() {
     let text = with("").replace("sent == 10", "sent >= baseline.sentt");
     let err = Spec::parse(&text, KNOWN, Some(&good))
         .unwrap_err()
-        .0
+        .shown
         .remove(0);
     assert!(
         err.message.contains("did you mean `baseline.sent`?"),
@@ -513,7 +621,7 @@ proptest! {
         }
         text.insert_str(at, insert);
         if let Err(errors) = parse(&text) {
-            prop_assert!(!errors.0.is_empty());
+            prop_assert!(!errors.shown.is_empty());
             let _ = errors.to_string();
         }
     }
