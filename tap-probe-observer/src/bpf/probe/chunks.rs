@@ -241,7 +241,7 @@ impl Chunks {
         let fd = |map: &MapData| map.fd().as_fd().as_raw_fd();
         let start = first % CHUNK_SLOTS;
         if !self.batch.get() {
-            return self.read_each(chunk, start, n);
+            return Self::read_each(chunk, start, n);
         }
         let per_cpu_size = size_of::<PerCpuCounters>().next_multiple_of(8);
         let per_cpu = match sys::array_lookup_batch(
@@ -254,7 +254,7 @@ impl Chunks {
             Err(err) if err.raw_os_error() == Some(ENOTSUPP) => {
                 log::debug!("no batch lookups of per-CPU arrays here: one lookup per slot");
                 self.batch.set(false);
-                return self.read_each(chunk, start, n);
+                return Self::read_each(chunk, start, n);
             }
             Err(err) => return Err(err.into()),
         };
@@ -278,7 +278,6 @@ impl Chunks {
 
     /// [`Self::read_run`] one slot at a time.
     fn read_each(
-        &self,
         chunk: &Chunk,
         start: u32,
         n: u32,
