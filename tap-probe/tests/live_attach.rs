@@ -84,17 +84,7 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
             std::thread::sleep(LOAD / 8);
             for (backend, w) in &mut watchers {
                 let row = w.refresh().unwrap().rows.remove(0);
-                let off = row.counters.consumed.abs_diff(row.kernel.tx_packets)
-                    + row
-                        .counters
-                        .dropped_full_ring
-                        .abs_diff(row.kernel.tx_dropped);
-                checks.bound(
-                    Some(*backend),
-                    Oracle::DeviceStats,
-                    off <= row.kernel.skew,
-                    format!("off by no more than the skew shown: {row:#?}"),
-                );
+                within_skew(&mut checks, *backend, &row, "the skew shown");
             }
         }
         assert!(
@@ -116,6 +106,22 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
     drop(watchers);
     drop(tap);
     drop(ns);
+}
+
+/// Holds the kernel's columns of `row` to the probes' counts within the skew the watcher
+/// shows (`what` names it), as a bound.
+fn within_skew(checks: &mut Checks, backend: Backend, row: &Row, what: &str) {
+    let off = row.counters.consumed.abs_diff(row.kernel.tx_packets)
+        + row
+            .counters
+            .dropped_full_ring
+            .abs_diff(row.kernel.tx_dropped);
+    checks.bound(
+        Some(backend),
+        Oracle::DeviceStats,
+        off <= row.kernel.skew,
+        format!("off by no more than {what}: {row:#?}"),
+    );
 }
 
 /// The gate of a row's kernel columns once the traffic stopped: exact where the watcher's
@@ -140,17 +146,7 @@ fn settled(checks: &mut Checks, watchers: &mut [(Backend, Watcher)], slowdown: u
             "counted under load",
         );
         // No traffic: all the skew left is the baseline's.
-        let off = row.counters.consumed.abs_diff(row.kernel.tx_packets)
-            + row
-                .counters
-                .dropped_full_ring
-                .abs_diff(row.kernel.tx_dropped);
-        checks.bound(
-            Some(*backend),
-            Oracle::DeviceStats,
-            off <= row.kernel.skew,
-            format!("off by no more than the baseline's skew: {row:#?}"),
-        );
+        within_skew(checks, *backend, &row, "the baseline's skew");
         let gate = baseline_gate(*backend, &row);
         checks.eq(
             &gate,
