@@ -11,6 +11,10 @@ mod cli_reference;
 mod cmd;
 mod output;
 
+// The integration tests' tallies; the binary's own unit tests make none.
+#[cfg(test)]
+use tap_probe_verdict as _;
+
 fn main() -> std::process::ExitCode {
     cli::main()
 }

@@ -10,7 +10,9 @@ use std::fmt::Write as _;
 use anyhow::{Context as _, bail};
 use serde::Deserialize;
 
-use crate::output::{Outcome, Output};
+use tap_probe_verdict::{Oracle, Outcome};
+
+use crate::output::Output;
 
 /// The file, relative to the workspace root.
 pub(crate) const FILE: &str = "xtask/expected.toml";
@@ -19,18 +21,24 @@ pub(crate) const FILE: &str = "xtask/expected.toml";
 pub(crate) const HOST: &str = "host";
 
 /// Oracles every backend a kernel runs must be checked against exactly.
-const PER_BACKEND: &[&str] = &["device-stats", "qdisc", "reader", "sender", "scheduler"];
+const PER_BACKEND: &[Oracle] = &[
+    Oracle::DeviceStats,
+    Oracle::Qdisc,
+    Oracle::Reader,
+    Oracle::Sender,
+    Oracle::Scheduler,
+];
 /// Oracles every kernel must be checked against exactly, by whichever backend (or none).
-const PER_KERNEL: &[&str] = &["sysfs", "tc", "tcp-stack"];
+const PER_KERNEL: &[Oracle] = &[Oracle::Sysfs, Oracle::Tc, Oracle::TcpStack];
 /// Where a kernel counts the runs of a program it skipped (Linux 5.12+).
-const PROGRAM_MISSES: &str = "program-misses";
+const PROGRAM_MISSES: Oracle = Oracle::ProgramMisses;
 /// Where a kernel runs two backends or more: each against the other.
-const BACKENDS_AGREE: &str = "other-backend";
+const BACKENDS_AGREE: Oracle = Oracle::OtherBackend;
 /// Where a kernel reports what a kprobe missed.
-const KPROBE_MISSES: &str = "kprobe-misses";
+const KPROBE_MISSES: Oracle = Oracle::KprobeMisses;
 /// Oracles the host must be checked against exactly: what the tests that only the host runs
 /// compare (see `suite::HOST_ONLY`).
-const HOST_ORACLES: &[&str] = &["map-memory"];
+const HOST_ORACLES: &[Oracle] = &[Oracle::MapMemory];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -142,30 +150,20 @@ impl Kernel {
                 "an oracle line that does not read as a tally: {line}"
             ));
         }
-        let known = |oracle: &str| {
-            PER_BACKEND.contains(&oracle)
-                || PER_KERNEL.contains(&oracle)
-                || HOST_ORACLES.contains(&oracle)
-                || [BACKENDS_AGREE, PROGRAM_MISSES, KPROBE_MISSES].contains(&oracle)
-        };
-        for tally in said.tallies.iter().filter(|t| !known(&t.oracle)) {
-            problems.push(format!(
-                "{}: an oracle xtask does not know: {}",
-                tally.test, tally.oracle
-            ));
-        }
         for (oracle, backend) in self.required() {
             let made: u64 = said
                 .tallies
                 .iter()
+                .map(|t| &t.checks)
                 .filter(|t| t.outcome == Outcome::Exact && t.oracle == oracle)
-                .filter(|t| backend.is_none_or(|b| t.backend == b))
+                .filter(|t| backend.is_none_or(|b| t.backend.as_deref() == Some(b)))
                 .map(|t| t.count)
                 .sum();
             if made == 0 {
                 let by = backend.map_or_else(String::new, |b| format!(" of the {b} backend"));
                 problems.push(format!(
-                    "no exact check{by} against {oracle} was made on this kernel"
+                    "no exact check{by} against {} was made on this kernel",
+                    oracle.name()
                 ));
             }
         }
@@ -174,7 +172,7 @@ impl Kernel {
 
     /// The kinds of exact check this kernel must make: an oracle, and the backend that
     /// must make it (`None`: any).
-    fn required(&self) -> Vec<(&'static str, Option<&str>)> {
+    fn required(&self) -> Vec<(Oracle, Option<&str>)> {
         let mut required = Vec::new();
         for backend in &self.backends {
             for oracle in PER_BACKEND {
@@ -202,19 +200,20 @@ impl Kernel {
 }
 
 /// Checks summed by outcome, oracle, backend and why they were gated.
-type Kinds<'a> = (Outcome, &'a str, &'a str, Option<&'a str>);
+type Kinds<'a> = (Outcome, Oracle, &'a str, Option<&'a str>);
 
 /// The checks of one kernel, for the summary: exact ones and bounds by oracle and backend,
 /// and the gated ones with why and in which tests.
 pub(crate) fn tally_lines(said: &Output) -> String {
     let mut counts: BTreeMap<Kinds<'_>, (u64, Vec<&str>)> = BTreeMap::new();
-    for t in &said.tallies {
+    for said in &said.tallies {
+        let t = &said.checks;
         let entry = counts
-            .entry((t.outcome, &t.oracle, &t.backend, t.why.as_deref()))
+            .entry((t.outcome, t.oracle, t.by(), t.why.as_deref()))
             .or_default();
         entry.0 += t.count;
-        if !entry.1.contains(&t.test.as_str()) {
-            entry.1.push(&t.test);
+        if !entry.1.contains(&said.test.as_str()) {
+            entry.1.push(&said.test);
         }
     }
     let mut out = String::new();
@@ -222,7 +221,7 @@ pub(crate) fn tally_lines(said: &Output) -> String {
         let items: Vec<String> = counts
             .iter()
             .filter(|((o, ..), _)| *o == outcome)
-            .map(|((_, oracle, backend, _), (n, _))| format!("{oracle} by {backend} {n}"))
+            .map(|((_, oracle, backend, _), (n, _))| format!("{} by {backend} {n}", oracle.name()))
             .collect();
         let total: u64 = counts
             .iter()
@@ -243,7 +242,8 @@ pub(crate) fn tally_lines(said: &Output) -> String {
     for ((_, oracle, backend, why), (n, tests)) in gated {
         let _ = write!(
             out,
-            "\n      {n} {oracle} by {backend}: {} (in {})",
+            "\n      {n} {} by {backend}: {} (in {})",
+            oracle.name(),
             why.unwrap_or("?"),
             tests.join(", ")
         );
@@ -274,21 +274,29 @@ line = "fewer requeues"
 may = true
 "#;
 
+    /// The line of `count` exact checks against `oracle` by `backend`.
+    fn exact(count: u64, oracle: Oracle, backend: Option<&str>) -> String {
+        tap_probe_verdict::Tally {
+            outcome: Outcome::Exact,
+            count,
+            oracle,
+            backend: backend.map(str::to_owned),
+            why: None,
+        }
+        .line()
+    }
+
     fn all_required(backend: &str) -> Vec<String> {
         PER_BACKEND
             .iter()
-            .map(|o| format!("oracle: exact 1 {o} {backend}"))
+            .map(|o| exact(1, *o, Some(backend)))
             .chain(
                 PER_KERNEL
                     .iter()
                     .chain([&PROGRAM_MISSES])
-                    .map(|o| format!("oracle: exact 2 {o} -")),
+                    .map(|o| exact(2, *o, None)),
             )
-            .chain(
-                HOST_ORACLES
-                    .iter()
-                    .map(|o| format!("oracle: exact 1 {o} -")),
-            )
+            .chain(HOST_ORACLES.iter().map(|o| exact(1, *o, None)))
             .collect()
     }
 
@@ -327,8 +335,20 @@ may = true
         lines.push("skipping test - no fq_codel".to_owned());
         lines.push("skipping backend Kprobe - no kprobes here".to_owned());
         lines.extend(all_required("tracepoint").into_iter().skip(1));
-        lines.push("oracle: exact 1 astrology tracepoint".to_owned());
-        lines.push("oracle: gated 4 qdisc tracepoint - short".to_owned());
+        lines.push(
+            r#"oracle: {"outcome":"exact","count":1,"oracle":"astrology","backend":null}"#
+                .to_owned(),
+        );
+        lines.push(
+            tap_probe_verdict::Tally {
+                outcome: Outcome::Gated,
+                count: 4,
+                oracle: Oracle::Qdisc,
+                backend: Some("tracepoint".to_owned()),
+                why: Some("short".to_owned()),
+            }
+            .line(),
+        );
         let problems = host.problems(&read("misses", &lines));
         assert_eq!(problems.len(), 4, "{problems:#?}");
         assert!(problems[0].contains("does not expect: misses::other"));

@@ -3,8 +3,8 @@
 //! can be named by its test:
 //! - `skipping ...`: the test (or a part of it) cannot run here and says why;
 //! - `retrying - ...`: the test ran its scenario again, and why;
-//! - `oracle: exact|bound|gated N ORACLE BACKEND [- WHY]`: the checks it made against an
-//!   oracle (see `tap-probe/tests/common/oracle.rs`);
+//! - `oracle: {...}`: the checks it made against an oracle, a [`tap_probe_verdict::Tally`]
+//!   in JSON (see `tap-probe/tests/common/oracle.rs`);
 //! - `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the message's first lines, in a
 //!   failed test's output: where and why it failed, for the last line of a failed run.
 
@@ -25,28 +25,12 @@ impl fmt::Display for Said {
     }
 }
 
-/// How a counted check went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Outcome {
-    /// Asserted exactly.
-    Exact,
-    /// A bound asserted where exactness could not be (it does not count as exact).
-    Bound,
-    /// Not asserted: the backend's counts may be short, for the reason given.
-    Gated,
-}
-
-/// Checks of one kind a test counted.
+/// Checks of one kind a test counted, and which test.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Tally {
+    /// `BINARY::TEST`.
     pub(crate) test: String,
-    pub(crate) outcome: Outcome,
-    pub(crate) count: u64,
-    pub(crate) oracle: String,
-    /// The backend whose counts were checked; `-` for none.
-    pub(crate) backend: String,
-    /// Why the checks were gated off.
-    pub(crate) why: Option<String>,
+    pub(crate) checks: tap_probe_verdict::Tally,
 }
 
 /// Everything one or more test binaries said.
@@ -121,13 +105,16 @@ pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
             out.skips.push(said());
         } else if trimmed.starts_with("retrying") {
             out.retries.push(said());
-        } else if let Some(rest) = trimmed.strip_prefix("oracle: ") {
-            match tally(rest) {
-                Some(mut tally) => {
-                    tally.test = said().test;
-                    out.tallies.push(tally);
-                }
-                None => out.malformed.push(said()),
+        } else if let Some(json) = trimmed.strip_prefix(tap_probe_verdict::PREFIX) {
+            match tap_probe_verdict::Tally::parse(json) {
+                Ok(checks) => out.tallies.push(Tally {
+                    test: said().test,
+                    checks,
+                }),
+                Err(e) => out.malformed.push(Said {
+                    line: format!("{}: {e}", said().line),
+                    ..said()
+                }),
             }
         }
     }
@@ -154,37 +141,10 @@ fn panicked_at(line: &str) -> Option<&str> {
     Some(at)
 }
 
-/// `exact|bound|gated N ORACLE BACKEND [- WHY]`.
-fn tally(text: &str) -> Option<Tally> {
-    let (head, why) = match text.split_once(" - ") {
-        Some((head, why)) => (head, Some(why.trim().to_owned())),
-        None => (text, None),
-    };
-    let words: Vec<&str> = head.split_whitespace().collect();
-    let [outcome, count, oracle, backend] = words.as_slice() else {
-        return None;
-    };
-    let outcome = match *outcome {
-        "exact" => Outcome::Exact,
-        "bound" => Outcome::Bound,
-        "gated" => Outcome::Gated,
-        _ => return None,
-    };
-    if (outcome == Outcome::Gated) != why.is_some() {
-        return None;
-    }
-    Some(Tally {
-        test: String::new(),
-        outcome,
-        count: count.parse().ok()?,
-        oracle: (*oracle).to_owned(),
-        backend: (*backend).to_owned(),
-        why,
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use tap_probe_verdict::{Oracle, Outcome};
+
     use super::*;
 
     #[test]
@@ -203,11 +163,11 @@ mod tests {
             "kernel tx_dropped 3",
             "skipping backend Kprobe - no kprobes",
             "retrying - ro-rq: attempt 1 of 3: every backend short",
-            "oracle: exact 12 device-stats tracepoint",
-            "oracle: bound 2 reader kprobe",
-            "oracle: gated 3 qdisc kprobe - the kernel skipped runs of its programs",
-            "oracle: gated 3 qdisc kprobe",
-            "oracle: exact many qdisc kprobe",
+            r#"oracle: {"outcome":"exact","count":12,"oracle":"device-stats","backend":"tracepoint"}"#,
+            r#"oracle: {"outcome":"bound","count":2,"oracle":"reader","backend":"kprobe"}"#,
+            r#"oracle: {"outcome":"gated","count":3,"oracle":"qdisc","backend":null,"why":"the kernel skipped runs - of its programs"}"#,
+            r#"oracle: {"outcome":"gated","count":3,"oracle":"qdisc","backend":"kprobe"}"#,
+            r#"oracle: {"outcome":"exact","count":"many","oracle":"qdisc","backend":"kprobe"}"#,
             "",
             "successes:",
             "    a",
@@ -224,33 +184,34 @@ mod tests {
         );
         assert_eq!(out.retries.len(), 1);
         assert_eq!(out.retries[0].test, "exactness::b");
+        let tally = |outcome, count, oracle, backend: Option<&str>, why: Option<&str>| Tally {
+            test: "exactness::b".to_owned(),
+            checks: tap_probe_verdict::Tally {
+                outcome,
+                count,
+                oracle,
+                backend: backend.map(str::to_owned),
+                why: why.map(str::to_owned),
+            },
+        };
         assert_eq!(
             out.tallies,
             [
-                Tally {
-                    test: "exactness::b".to_owned(),
-                    outcome: Outcome::Exact,
-                    count: 12,
-                    oracle: "device-stats".to_owned(),
-                    backend: "tracepoint".to_owned(),
-                    why: None,
-                },
-                Tally {
-                    test: "exactness::b".to_owned(),
-                    outcome: Outcome::Bound,
-                    count: 2,
-                    oracle: "reader".to_owned(),
-                    backend: "kprobe".to_owned(),
-                    why: None,
-                },
-                Tally {
-                    test: "exactness::b".to_owned(),
-                    outcome: Outcome::Gated,
-                    count: 3,
-                    oracle: "qdisc".to_owned(),
-                    backend: "kprobe".to_owned(),
-                    why: Some("the kernel skipped runs of its programs".to_owned()),
-                },
+                tally(
+                    Outcome::Exact,
+                    12,
+                    Oracle::DeviceStats,
+                    Some("tracepoint"),
+                    None
+                ),
+                tally(Outcome::Bound, 2, Oracle::Reader, Some("kprobe"), None),
+                tally(
+                    Outcome::Gated,
+                    3,
+                    Oracle::Qdisc,
+                    None,
+                    Some("the kernel skipped runs - of its programs")
+                ),
             ]
         );
         // A gated tally without its reason, and a count that is not one.
@@ -267,7 +228,7 @@ mod tests {
             "failures:",
             "",
             "---- b stdout ----",
-            "oracle: exact 2 reader tracepoint",
+            r#"oracle: {"outcome":"exact","count":2,"oracle":"reader","backend":"tracepoint"}"#,
             "thread 'b' (676) panicked at tap-probe/tests/multiqueue.rs:230:24:",
             "assertion `left == right` failed: consumed",
             "  left: 2500",

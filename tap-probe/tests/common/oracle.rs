@@ -2,70 +2,17 @@
 //! figures with: the kernel's own counters, the reader's and the sender's counts, the qdisc,
 //! the TCP stack. Each such comparison goes through [`Checks`], which asserts it where the
 //! backend's counts can be held to exactness and otherwise only counts it as gated, with
-//! why. When the test ends, [`Checks`] prints one line per oracle, backend and outcome:
-//!
-//! ```text
-//! oracle: exact 12 device-stats tracepoint
-//! oracle: bound 2 reader kprobe
-//! oracle: gated 6 qdisc kprobe - the kernel skipped 3 runs of its programs
-//! ```
-//!
-//! `cargo xtask test` reads these lines (the tests run with `--show-output`) and fails a
-//! kernel on which no exact check of a kind its backends support was made.
+//! why. When the test ends, [`Checks`] prints one [`Tally`] per oracle, backend and outcome,
+//! a JSON line of the type `cargo xtask test` reads back (the tests run with
+//! `--show-output`); it fails a kernel on which no exact check of a kind its backends
+//! support was made.
 
 use std::collections::BTreeMap;
 use std::fmt::{Debug, Display};
 
 use tap_probe_lab::lab::{Backend, Watcher};
-
-/// A witness that is not tap-probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Oracle {
-    /// The device's statistics as the kernel keeps them (`tx_packets`, `tx_dropped`).
-    DeviceStats,
-    /// The root qdisc's statistics: packets handed out, drops, requeues, backlog.
-    Qdisc,
-    /// What the test's reader took from the device, and in what order.
-    Reader,
-    /// What the test's sender handed to the kernel, and what the kernel refused.
-    Sender,
-    /// The reader thread's voluntary context switches, as the scheduler counts them.
-    Scheduler,
-    /// The TCP stacks' own counters (`/proc/net/netstat`, `/proc/net/snmp`).
-    TcpStack,
-    /// Another backend, attached to the same traffic.
-    OtherBackend,
-    /// Runs of a program the kernel skipped, caused on purpose.
-    ProgramMisses,
-    /// Hits of a kprobe that ran no program, caused on purpose.
-    KprobeMisses,
-    /// `/sys/class/net/DEV/statistics`, read beside rtnetlink.
-    Sysfs,
-    /// `tc -s -j`, read beside rtnetlink.
-    Tc,
-    /// The kernel memory charged for each eBPF map (`memlock` in its fdinfo).
-    MapMemory,
-}
-
-impl Oracle {
-    /// The name `cargo xtask test` knows it by.
-    fn name(self) -> &'static str {
-        match self {
-            Self::DeviceStats => "device-stats",
-            Self::Qdisc => "qdisc",
-            Self::Reader => "reader",
-            Self::Sender => "sender",
-            Self::Scheduler => "scheduler",
-            Self::TcpStack => "tcp-stack",
-            Self::OtherBackend => "other-backend",
-            Self::ProgramMisses => "program-misses",
-            Self::KprobeMisses => "kprobe-misses",
-            Self::Sysfs => "sysfs",
-            Self::Tc => "tc",
-            Self::MapMemory => "map-memory",
-        }
-    }
-}
+pub(crate) use tap_probe_verdict::Oracle;
+use tap_probe_verdict::{Outcome, Tally};
 
 /// Whose counts a check is about, and whether they can be held to exactness: a backend
 /// whose programs the kernel skipped counts short, and its checks are gated off, saying why.
@@ -179,9 +126,8 @@ impl Gate {
 /// What a test compared with which oracle; prints its tally when dropped.
 #[derive(Debug, Default)]
 pub(crate) struct Checks {
-    exact: BTreeMap<(Oracle, String), u64>,
-    bound: BTreeMap<(Oracle, String), u64>,
-    gated: BTreeMap<(Oracle, String, String), u64>,
+    /// Per kind (outcome, oracle, backend, why gated), how many were made.
+    made: BTreeMap<(Outcome, Oracle, Option<String>, Option<String>), u64>,
 }
 
 impl Checks {
@@ -235,43 +181,49 @@ impl Checks {
         holds: bool,
         what: impl Display,
     ) {
-        *self.bound.entry((oracle, by(backend))).or_default() += 1;
+        *self
+            .made
+            .entry((Outcome::Bound, oracle, backend.map(name), None))
+            .or_default() += 1;
         assert!(holds, "{what} [{} against {}]", by(backend), oracle.name());
     }
 
     /// Counts a check: made (true) or gated off.
     fn admit(&mut self, gate: &Gate, oracle: Oracle) -> bool {
-        match &gate.shut {
-            None => {
-                *self.exact.entry((oracle, by(gate.backend))).or_default() += 1;
-                true
-            }
-            Some(why) => {
-                *self
-                    .gated
-                    .entry((oracle, by(gate.backend), why.clone()))
-                    .or_default() += 1;
-                false
-            }
-        }
+        let outcome = if gate.is_open() {
+            Outcome::Exact
+        } else {
+            Outcome::Gated
+        };
+        *self
+            .made
+            .entry((outcome, oracle, gate.backend.map(name), gate.shut.clone()))
+            .or_default() += 1;
+        gate.is_open()
     }
 }
 
 impl Drop for Checks {
     fn drop(&mut self) {
-        for ((oracle, backend), n) in &self.exact {
-            println!("oracle: exact {n} {} {backend}", oracle.name());
-        }
-        for ((oracle, backend), n) in &self.bound {
-            println!("oracle: bound {n} {} {backend}", oracle.name());
-        }
-        for ((oracle, backend, why), n) in &self.gated {
-            println!("oracle: gated {n} {} {backend} - {why}", oracle.name());
+        for ((outcome, oracle, backend, why), count) in std::mem::take(&mut self.made) {
+            let tally = Tally {
+                outcome,
+                count,
+                oracle,
+                backend,
+                why,
+            };
+            println!("{}", tally.line());
         }
     }
 }
 
-/// A backend as the tally names it; `-` for checks no backend counted.
+/// A backend as the tally names it (`tracepoint`, `kprobe`).
+fn name(backend: Backend) -> String {
+    format!("{backend:?}").to_lowercase()
+}
+
+/// A backend as a failed check's message names it; `-` for checks no backend counted.
 fn by(backend: Option<Backend>) -> String {
-    backend.map_or_else(|| "-".to_owned(), |b| format!("{b:?}").to_lowercase())
+    backend.map_or_else(|| "-".to_owned(), name)
 }

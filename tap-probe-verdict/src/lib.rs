@@ -1,0 +1,198 @@
+//! What a privileged test tells `cargo xtask test`: the checks it made against oracles.
+//!
+//! A test counts its comparisons with witnesses that are not tap-probe (the kernel's own
+//! counters, the reader's and the sender's counts, the qdisc) and, when it ends, prints one
+//! [`Tally`] per oracle, backend and outcome as a JSON line after [`PREFIX`]:
+//!
+//! ```text
+//! oracle: {"outcome":"gated","count":6,"oracle":"qdisc","backend":"kprobe","why":"the kernel skipped runs of its programs"}
+//! ```
+//!
+//! xtask reads the same type back, so an oracle or a field renamed on one side fails to
+//! compile on the other, and no spelling of a line has to be parsed by hand. (The shape is
+//! Retis's: one events crate shared by every writer and reader of events.)
+
+use serde::{Deserialize, Serialize};
+
+/// What starts a tally's line in a test's output.
+pub const PREFIX: &str = "oracle: ";
+
+/// A witness that is not tap-probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Oracle {
+    /// The device's statistics as the kernel keeps them (`tx_packets`, `tx_dropped`).
+    DeviceStats,
+    /// The root qdisc's statistics: packets handed out, drops, requeues, backlog.
+    Qdisc,
+    /// What the test's reader took from the device, and in what order.
+    Reader,
+    /// What the test's sender handed to the kernel, and what the kernel refused.
+    Sender,
+    /// The reader thread's voluntary context switches, as the scheduler counts them.
+    Scheduler,
+    /// The TCP stacks' own counters (`/proc/net/netstat`, `/proc/net/snmp`).
+    TcpStack,
+    /// Another backend, attached to the same traffic.
+    OtherBackend,
+    /// Runs of a program the kernel skipped, caused on purpose.
+    ProgramMisses,
+    /// Hits of a kprobe that ran no program, caused on purpose.
+    KprobeMisses,
+    /// `/sys/class/net/DEV/statistics`, read beside rtnetlink.
+    Sysfs,
+    /// `tc -s -j`, read beside rtnetlink.
+    Tc,
+    /// The kernel memory charged for each eBPF map (`memlock` in its fdinfo).
+    MapMemory,
+}
+
+impl Oracle {
+    /// Every oracle, in order.
+    pub const ALL: [Self; 12] = [
+        Self::DeviceStats,
+        Self::Qdisc,
+        Self::Reader,
+        Self::Sender,
+        Self::Scheduler,
+        Self::TcpStack,
+        Self::OtherBackend,
+        Self::ProgramMisses,
+        Self::KprobeMisses,
+        Self::Sysfs,
+        Self::Tc,
+        Self::MapMemory,
+    ];
+
+    /// Its name in messages and summaries: the one its JSON carries.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::DeviceStats => "device-stats",
+            Self::Qdisc => "qdisc",
+            Self::Reader => "reader",
+            Self::Sender => "sender",
+            Self::Scheduler => "scheduler",
+            Self::TcpStack => "tcp-stack",
+            Self::OtherBackend => "other-backend",
+            Self::ProgramMisses => "program-misses",
+            Self::KprobeMisses => "kprobe-misses",
+            Self::Sysfs => "sysfs",
+            Self::Tc => "tc",
+            Self::MapMemory => "map-memory",
+        }
+    }
+}
+
+/// How a counted check went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Asserted exactly.
+    Exact,
+    /// A bound asserted where exactness could not be (it does not count as exact).
+    Bound,
+    /// Not asserted: the counts may be short, for the reason given.
+    Gated,
+}
+
+/// Checks of one kind a test made: how they went, how many, against which oracle, whose
+/// counts, and for gated ones why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tally {
+    pub outcome: Outcome,
+    pub count: u64,
+    pub oracle: Oracle,
+    /// The backend whose counts were checked, as the tests name it (`tracepoint`,
+    /// `kprobe`); none for figures no single backend counted.
+    pub backend: Option<String>,
+    /// Why the checks were gated off; only for [`Outcome::Gated`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Why a line after [`PREFIX`] is not a tally.
+#[derive(Debug)]
+pub enum Malformed {
+    /// Not the JSON of a tally (an unknown oracle or outcome, a count that is not one).
+    Json(serde_json::Error),
+    /// Gated without a reason, or a reason on a check that was not gated.
+    Why,
+}
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Json(e) => write!(f, "not a tally: {e}"),
+            Self::Why => f.write_str("a reason is given exactly for gated checks"),
+        }
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+impl Tally {
+    /// The line a test prints: [`PREFIX`] and the tally's JSON.
+    #[must_use]
+    pub fn line(&self) -> String {
+        // A struct of strings, numbers and unit enums always serializes.
+        let json = serde_json::to_string(self).unwrap_or_default();
+        format!("{PREFIX}{json}")
+    }
+
+    /// A tally from its JSON (the part of a line after [`PREFIX`]).
+    ///
+    /// # Errors
+    /// If it is not a tally's JSON, or gives a reason exactly where the checks were not
+    /// gated.
+    pub fn parse(json: &str) -> Result<Self, Malformed> {
+        let tally: Self = serde_json::from_str(json).map_err(Malformed::Json)?;
+        if (tally.outcome == Outcome::Gated) != tally.why.is_some() {
+            return Err(Malformed::Why);
+        }
+        Ok(tally)
+    }
+
+    /// The backend as a summary names it: `-` for none.
+    #[must_use]
+    pub fn by(&self) -> &str {
+        self.backend.as_deref().unwrap_or("-")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tally_reads_back_as_written() {
+        let gated = Tally {
+            outcome: Outcome::Gated,
+            count: 9,
+            oracle: Oracle::DeviceStats,
+            backend: None,
+            why: Some("the kernel skipped runs - of the watch's programs".to_owned()),
+        };
+        let line = gated.line();
+        let json = line.strip_prefix(PREFIX).unwrap();
+        assert_eq!(Tally::parse(json).unwrap(), gated);
+        for oracle in Oracle::ALL {
+            let json = serde_json::to_string(&oracle).unwrap();
+            assert_eq!(json, format!("\"{}\"", oracle.name()));
+        }
+    }
+
+    #[test]
+    fn what_is_not_a_tally_says_so() {
+        for json in [
+            r#"{"outcome":"gated","count":3,"oracle":"qdisc","backend":"kprobe"}"#,
+            r#"{"outcome":"exact","count":3,"oracle":"qdisc","backend":"kprobe","why":"x"}"#,
+            r#"{"outcome":"exact","count":-1,"oracle":"qdisc","backend":null}"#,
+            r#"{"outcome":"exact","count":1,"oracle":"astrology","backend":null}"#,
+            "exact 12 device-stats tracepoint",
+        ] {
+            assert!(Tally::parse(json).is_err(), "{json}");
+        }
+    }
+}
