@@ -4,8 +4,8 @@
 //!
 //! Everything here is `#[repr(C)]` with explicit padding so both sides agree on the layout
 //! byte for byte; the `user` feature adds the `aya::Pod` impls the loader needs, the one
-//! syntax of durations (`duration`) that every userspace crate parses, and how their messages
-//! quote what they were given (`echo`).
+//! syntax of durations (`duration`) that every userspace crate parses, how their messages
+//! quote what they were given (`echo`), and how every view writes a figure (`units`).
 #![cfg_attr(not(test), no_std)]
 
 // The duration syntax and the quoting of echoed values live here, the lowest crate every
@@ -25,6 +25,8 @@ mod events;
 mod facts;
 mod maps;
 mod names;
+#[cfg(feature = "user")]
+pub mod units;
 
 pub use counters::{
     DIRECTION, Export, Hook, KernelStat, Kind, METRICS, Metric, MetricId, PerCpuCounters,

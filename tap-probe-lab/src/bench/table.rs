@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Result, bail};
 use serde::Serialize;
+use tap_probe_common::units::{decimals, prefix, quantity};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -324,8 +325,8 @@ impl BenchTable {
                 let [stock, bp] = show(|c| {
                     format!(
                         "{} / {}",
-                        count_text(c.ring_drops.median),
-                        count_text(c.qdisc_drops.median)
+                        quantity(c.ring_drops.median, ""),
+                        quantity(c.qdisc_drops.median, "")
                     )
                 });
                 let _ = writeln!(out, "| | Drops: ring / qdisc | {stock} | {bp} | |");
@@ -353,29 +354,6 @@ fn count(n: u64) -> f64 {
     n as f64
 }
 
-/// The unit of a value: the factor and its prefix.
-fn unit(v: f64) -> (f64, &'static str) {
-    match v.abs() {
-        v if v >= 1e9 => (1e9, "G"),
-        v if v >= 1e6 => (1e6, "M"),
-        v if v >= 1e3 => (1e3, "K"),
-        _ => (1.0, ""),
-    }
-}
-
-/// Decimals for 4 significant digits of `scaled` (1 to 999.9); none without a prefix,
-/// where the value is a whole number of packets (per second).
-fn decimals(scaled: f64, prefix: &str) -> usize {
-    if prefix.is_empty() {
-        return 0;
-    }
-    match scaled.abs() {
-        v if v >= 100.0 => 1,
-        v if v >= 10.0 => 2,
-        _ => 3,
-    }
-}
-
 /// `1.151 Mpps (1.140–1.162)`: the median with 4 significant digits and the range in the
 /// same unit; `0 pps` for a cell where every run was 0.
 fn rate(s: &Spread) -> String {
@@ -383,7 +361,7 @@ fn rate(s: &Spread) -> String {
         return "0 pps".to_owned();
     }
     let reference = if s.median == 0.0 { s.max } else { s.median };
-    let (factor, prefix) = unit(reference);
+    let (factor, prefix) = prefix(reference);
     let d = decimals(reference / factor, prefix);
     let median = format!("{:.d$} {prefix}pps", s.median / factor);
     #[expect(
@@ -395,17 +373,6 @@ fn rate(s: &Spread) -> String {
         median
     } else {
         format!("{median} ({:.d$}–{:.d$})", s.min / factor, s.max / factor)
-    }
-}
-
-/// A count with 4 significant digits: `18.03 M`, `950`, `0`.
-fn count_text(v: f64) -> String {
-    let (factor, prefix) = unit(v);
-    let d = decimals(v / factor, prefix);
-    if prefix.is_empty() {
-        format!("{v:.0}")
-    } else {
-        format!("{:.d$} {prefix}", v / factor)
     }
 }
 
@@ -559,7 +526,7 @@ Stock: IFF_BACKPRESSURE off, pfifo_fast. Backpressure: IFF_BACKPRESSURE on, fq_c
 | | Lost/s | 3.606 Mpps (3.534–3.642) | 0 pps | |
 | | Drops: ring / qdisc | 18.03 M / 0 | 0 / 0 | |
 | TAP + vhost-net | Transmitted | 3.948 Mpps (3.909–3.987) | 3.738 Mpps (3.701–3.775) | -5.3% |
-| | Lost/s | 496.5 Kpps (486.6–501.5) | 0 pps | |
+| | Lost/s | 496.5 kpps (486.6–501.5) | 0 pps | |
 | | Drops: ring / qdisc | 2.482 M / 0 | 0 / 0 | |
 
 | 2 threads sending | | Stock | Backpressure | diff |
@@ -725,8 +692,8 @@ Measured under TCG (emulation): the ratios carry, the absolute rates do not.
             max: v,
         };
         assert_eq!(rate(&one(1.151e6)), "1.151 Mpps");
-        assert_eq!(rate(&one(196e3)), "196.0 Kpps");
-        assert_eq!(rate(&one(496.5e3)), "496.5 Kpps");
+        assert_eq!(rate(&one(196e3)), "196.0 kpps");
+        assert_eq!(rate(&one(496.5e3)), "496.5 kpps");
         assert_eq!(rate(&one(0.0)), "0 pps");
         assert_eq!(rate(&one(950.0)), "950 pps");
         assert_eq!(rate(&one(2.5e9)), "2.500 Gpps");
@@ -736,12 +703,8 @@ Measured under TCG (emulation): the ratios carry, the absolute rates do not.
                 min: 0.0,
                 max: 1500.0
             }),
-            "0.000 Kpps (0.000–1.500)"
+            "0.000 kpps (0.000–1.500)"
         );
-        assert_eq!(count_text(0.0), "0");
-        assert_eq!(count_text(950.0), "950");
-        assert_eq!(count_text(12_500.0), "12.50 K");
-        assert_eq!(count_text(18_030_000.0), "18.03 M");
         assert_eq!(percent(-1.04), "-1.0%");
         assert_eq!(percent(0.44), "+0.4%");
         assert_eq!(percent(-0.04), "0.0%");

@@ -274,37 +274,39 @@ impl Report {
         self.missed.iter().any(|m| m.total() > 0) || self.no_room > 0
     }
 
-    /// What a view says besides the counts, one sentence each: the programs that missed
-    /// something (as `program N`, kprobe hits that ran nothing added in), and the modules
-    /// that changed since attach.
+    /// What makes the counts less than certain, for each view to word: the programs that
+    /// missed something (kprobe hits that ran nothing added in), events of new devices that
+    /// found no slot, and the modules that changed since attach.
     #[must_use]
-    pub fn caveats(&self) -> Vec<String> {
-        let missed: Vec<String> = self
+    pub fn caveats(&self) -> Vec<Caveat<'_>> {
+        let missed: Vec<(&str, u64)> = self
             .missed
             .iter()
             .filter(|m| m.total() > 0)
-            .map(|m| format!("{} {}", m.program, m.total()))
+            .map(|m| (m.program.as_str(), m.total()))
             .collect();
         let mut out = Vec::new();
         if !missed.is_empty() {
-            out.push(format!(
-                "COUNTS MAY BE SHORT: the kernel skipped program runs: {}",
-                missed.join(", ")
-            ));
+            out.push(Caveat::SkippedRuns(missed));
         }
         if self.no_room > 0 {
-            out.push(format!(
-                "COUNTS MAY BE SHORT: {} events of new devices found no spare counter slots",
-                self.no_room
-            ));
+            out.push(Caveat::NoRoom(self.no_room));
         }
-        for change in &self.modules_changed {
-            out.push(format!(
-                "{change} since attach: its devices may be counted wrongly; restart tap-probe"
-            ));
-        }
+        out.extend(self.modules_changed.iter().map(Caveat::ModuleChanged));
         out
     }
+}
+
+/// What makes a report's counts less than certain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caveat<'a> {
+    /// The kernel skipped runs of these programs (or hits of their kprobes), so many times
+    /// each: the counts they feed may be short.
+    SkippedRuns(Vec<(&'a str, u64)>),
+    /// Events of new devices that found no spare counter slot: their counts may be short.
+    NoRoom(u64),
+    /// A watched module changed since attach: its devices may be counted wrongly.
+    ModuleChanged(&'a crate::kernel::modules::ModuleChange),
 }
 
 impl Serialize for Row {

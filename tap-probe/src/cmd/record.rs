@@ -14,7 +14,8 @@ use anyhow::{Context as _, bail};
 use aya::maps::{MapData, RingBuf};
 use tap_probe_common::EventKind;
 
-use crate::output::progress::{Progress, Status, bytes};
+use crate::output::progress::{Progress, Status};
+use tap_probe_common::units::bytes;
 use tap_probe_observer::bpf::probe::Probe;
 use tap_probe_observer::host::LiveHost;
 use tap_probe_observer::host::discovery::Discovery;

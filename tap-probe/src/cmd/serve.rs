@@ -113,7 +113,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
 /// What a refresh tracks and the kernel memory it takes, for the log.
 fn tracking(report: &tap_probe_observer::host::report::Report) -> String {
-    use crate::output::progress::bytes;
+    use tap_probe_common::units::bytes;
     let live = || report.rows.iter().filter(|r| !r.retired);
     let devices: std::collections::HashSet<(&str, u32)> =
         live().map(|r| (r.netns.as_str(), r.ifindex)).collect();

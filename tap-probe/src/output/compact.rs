@@ -10,7 +10,8 @@ use tap_probe_common::{Metric, MetricId, Unit};
 
 use crate::output::columns::{Column, KEEP, What};
 use crate::output::lines::{Line, LineId, lines};
-use crate::output::table::count;
+use crate::output::notices::notices;
+use tap_probe_common::units::count;
 use tap_probe_observer::host::report::{Report, Value};
 
 /// What the numbers are: rates since the refresh before, or totals since tracking began
@@ -21,22 +22,41 @@ pub(crate) enum Mode {
     Totals,
 }
 
-/// How a cell sorts.
+/// How a cell sorts: by rank, the variants' order, then by value within a rank.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Key {
-    Text(String),
+    /// No figure (`-`, `?`), or the line of all a device's queues (`all`): before any.
+    Missing,
     Number(f64),
+    /// A queue stopped now, and the share of the interval its line spent stopped: after
+    /// every line whose queues run.
+    StoppedNow(f64),
+    /// Stopped with nothing taken since: after every line merely stopped.
+    Stuck,
+    Text(String),
 }
 
 impl Key {
-    /// Numbers before text, numbers by value, text alphabetically.
+    /// The rank, the variants' order.
+    fn rank(&self) -> u8 {
+        match self {
+            Self::Missing => 0,
+            Self::Number(_) => 1,
+            Self::StoppedNow(_) => 2,
+            Self::Stuck => 3,
+            Self::Text(_) => 4,
+        }
+    }
+
+    /// By rank, then numbers by value and text alphabetically.
     #[must_use]
     pub(crate) fn order(&self, other: &Self) -> std::cmp::Ordering {
         match (self, other) {
-            (Self::Number(a), Self::Number(b)) => a.total_cmp(b),
+            (Self::Number(a), Self::Number(b)) | (Self::StoppedNow(a), Self::StoppedNow(b)) => {
+                a.total_cmp(b)
+            }
             (Self::Text(a), Self::Text(b)) => a.cmp(b),
-            (Self::Number(_), Self::Text(_)) => std::cmp::Ordering::Less,
-            (Self::Text(_), Self::Number(_)) => std::cmp::Ordering::Greater,
+            _ => self.rank().cmp(&other.rank()),
         }
     }
 }
@@ -291,7 +311,7 @@ impl Ctx<'_, '_> {
             )),
             What::Queue => match self.line.id.queue {
                 Some(q) => (q.to_string(), Key::Number(f64::from(q))),
-                None => ("all".to_owned(), Key::Number(-1.0)),
+                None => ("all".to_owned(), Key::Missing),
             },
             What::Rate(id) => self.rate(id.metric()),
             What::Stopped => self.stopped(),
@@ -317,7 +337,7 @@ impl Ctx<'_, '_> {
                         let rate = n.saturating_sub(then) as f64 / dt;
                         (count(rate.round() as u64), Key::Number(rate))
                     }
-                    _ => ("-".to_owned(), Key::Number(-1.0)),
+                    _ => ("-".to_owned(), Key::Missing),
                 }
             }
             (_, value) => plain(metric, value),
@@ -329,11 +349,11 @@ impl Ctx<'_, '_> {
     #[expect(clippy::cast_precision_loss, reason = "a share of time for display")]
     fn stopped(&self) -> (String, Key) {
         if self.flag(MetricId::Stuck) {
-            return ("STUCK".to_owned(), Key::Number(3.0));
+            return ("STUCK".to_owned(), Key::Stuck);
         }
         let ns_metric = MetricId::StoppedNs.metric();
         let Value::Count(ns) = self.line.value(ns_metric) else {
-            return ("?".to_owned(), Key::Number(0.0));
+            return ("?".to_owned(), Key::Missing);
         };
         let now = self.flag(MetricId::Stopped);
         match self.mode {
@@ -349,7 +369,11 @@ impl Ctx<'_, '_> {
                     _ => None,
                 });
                 let share = share.map(|s| s.min(1.0));
-                let key = Key::Number(share.unwrap_or(0.0) + if now { 1.0 } else { 0.0 });
+                let key = if now {
+                    Key::StoppedNow(share.unwrap_or(0.0))
+                } else {
+                    share.map_or(Key::Missing, Key::Number)
+                };
                 if now {
                     ("now".to_owned(), key)
                 } else {
@@ -394,14 +418,14 @@ pub(crate) fn plain(metric: &Metric, value: Value) -> (String, Key) {
             Key::Number(f64::from(u8::from(flag))),
         ),
         (Value::Ratio(Some(ratio)), _) => (format!("{ratio:.2}"), Key::Number(ratio)),
-        (Value::Ratio(None) | Value::Missing, _) => ("-".to_owned(), Key::Number(-1.0)),
+        (Value::Ratio(None) | Value::Missing, _) => ("-".to_owned(), Key::Missing),
         // A level: now / the highest seen.
         (Value::Distribution(d), _) => match d.current {
             Some(now) => (
                 format!("{}/{}", count(now), count(d.max)),
                 Key::Number(now as f64),
             ),
-            None => ("-".to_owned(), Key::Number(-1.0)),
+            None => ("-".to_owned(), Key::Missing),
         },
     }
 }
@@ -459,24 +483,18 @@ pub(crate) fn totals(
     lines
 }
 
-/// Below each refresh: the time since attach, the devices, the stuck queues, the devices
-/// not counted, the other drops by reason.
+/// Below each refresh: the time since attach, the devices, what to notice (stuck queues,
+/// devices not counted, caveats), the other drops by reason.
 #[must_use]
 pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
-    let untracked = match report.untracked.first() {
-        Some(first) => format!(
-            "; NOT COUNTED: {} matching device{} ({}, ...): {}",
-            report.untracked.len(),
-            if report.untracked.len() == 1 { "" } else { "s" },
-            first.ifname,
-            first.reason
-        ),
-        None => String::new(),
-    };
+    let notices = notices(report).iter().fold(String::new(), |mut out, n| {
+        let _ = write!(out, "; {n}");
+        out
+    });
     if report.rows.is_empty() {
         return clip_to(
             &format!(
-                "{:.1} s since attach; no matching device now{untracked}",
+                "{:.1} s since attach; no matching device now{notices}",
                 report.elapsed_s
             ),
             width,
@@ -488,23 +506,7 @@ pub(crate) fn status(report: &Report, width: Option<usize>) -> String {
         report.elapsed_s,
         if devices == 1 { "" } else { "s" }
     );
-    let stuck: Vec<String> = report
-        .rows
-        .iter()
-        .filter(|r| r.stuck && !r.retired)
-        .map(|r| format!("{}/q{}", r.ifname, r.queue))
-        .collect();
-    if !stuck.is_empty() {
-        let _ = write!(
-            text,
-            "; STUCK (stopped, reader took nothing): {}",
-            stuck.join(", ")
-        );
-    }
-    text.push_str(&untracked);
-    for caveat in report.caveats() {
-        let _ = write!(text, "; {caveat}");
-    }
+    text.push_str(&notices);
     let reasons = reasons(report);
     if !reasons.is_empty() {
         let _ = write!(text, "; other drops: {}", reasons.join(", "));

@@ -1,5 +1,6 @@
 //! What tap-probe shows: tables for people (`table`; `compact`, which fits the window,
-//! from `columns` and `lines`, explained once by `legend`), the full-screen view (`tui`),
+//! from `columns` and `lines`, explained once by `legend`; what to notice besides the
+//! counts, worded once in `notices`), the full-screen view (`tui`),
 //! JSON for programs (`json`), the Prometheus exposition (`prometheus`), a status line
 //! for long commands (`progress`), log lines for people or journald (`logging`), and
 //! [`Output`], which shows `watch`'s refreshes in the chosen format.
@@ -15,6 +16,7 @@ pub(crate) mod json;
 pub(crate) mod legend;
 pub(crate) mod lines;
 pub(crate) mod logging;
+pub(crate) mod notices;
 pub(crate) mod progress;
 pub(crate) mod prometheus;
 pub(crate) mod table;
@@ -295,7 +297,7 @@ impl Output {
 /// What the probe's maps hold of the kernel's memory, for people: the total, what the same
 /// maps would take on a host with 256 CPUs, and the maps that hold most.
 pub(crate) fn memory_lines(memory: &tap_probe_observer::bpf::probe::Memory) -> Vec<String> {
-    use crate::output::progress::bytes;
+    use tap_probe_common::units::bytes;
     let chunks: Vec<_> = memory
         .maps
         .iter()

@@ -147,18 +147,6 @@ fn clock(d: Duration) -> String {
     }
 }
 
-/// A byte count for people: 950 B, 12.3 MB.
-#[must_use]
-#[expect(clippy::cast_precision_loss, reason = "a display rounded to 3 digits")]
-pub(crate) fn bytes(n: u64) -> String {
-    match n {
-        0..=999 => format!("{n} B"),
-        1_000..=999_999 => format!("{:.1} kB", n as f64 / 1e3),
-        1_000_000..=999_999_999 => format!("{:.1} MB", n as f64 / 1e6),
-        _ => format!("{:.2} GB", n as f64 / 1e9),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,7 +180,5 @@ mod tests {
             line(&status, Duration::from_secs(3725), 80),
             "recording  1:02:05  1.2M events, 34.5 MB, 0 lost"
         );
-        assert_eq!(bytes(999), "999 B");
-        assert_eq!(bytes(34_500_000), "34.5 MB");
     }
 }

@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use crate::output::notices::notices;
+use tap_probe_common::units::count;
 use tap_probe_common::{METRICS, Metric, Source, Unit};
 
 use tap_probe_observer::host::report::{Report, Row, Value};
@@ -215,42 +217,10 @@ fn footer(report: &Report, out: &mut String) {
     if !reasons.is_empty() {
         let _ = writeln!(out, "other drops by reason: {}", reasons.join(", "));
     }
-    let stuck: Vec<String> = report
-        .rows
-        .iter()
-        .filter(|r| r.stuck)
-        .map(|r| format!("{}/q{} (netns {})", r.ifname, r.queue, r.netns))
-        .collect();
-    if !stuck.is_empty() {
-        let _ = writeln!(
-            out,
-            "STUCK: stopped, and the reader took nothing since: {}",
-            stuck.join(", ")
-        );
-    }
-    if let Some(first) = report.untracked.first() {
-        let _ = writeln!(
-            out,
-            "not counted: {} matching devices ({}, ...): {}",
-            report.untracked.len(),
-            first.ifname,
-            first.reason
-        );
-    }
-    for caveat in report.caveats() {
-        let _ = writeln!(out, "{caveat}");
+    for notice in notices(report) {
+        let _ = writeln!(out, "{notice}");
     }
     let _ = writeln!(out, "{:.1} s since attach", report.elapsed_s);
-}
-
-/// A count in at most 6 characters: 999, 12.3k, 4.56M.
-#[expect(clippy::cast_precision_loss, reason = "a display rounded to 3 digits")]
-pub(crate) fn count(n: u64) -> String {
-    match n {
-        0..=99_999 => n.to_string(),
-        100_000..=99_999_999 => format!("{:.1}k", n as f64 / 1e3),
-        _ => format!("{:.2}M", n as f64 / 1e6),
-    }
 }
 
 #[cfg(test)]
@@ -264,13 +234,5 @@ mod tests {
         t.row(vec!["bbb".into(), "100".into(), "long text".into()]);
         t.row(vec!["c".into()]);
         assert_eq!(t.render(), "  a      1  x\n  bbb  100  long text\n  c\n");
-    }
-
-    #[test]
-    fn counts_are_short() {
-        assert_eq!(count(0), "0");
-        assert_eq!(count(99_999), "99999");
-        assert_eq!(count(123_456), "123.5k");
-        assert_eq!(count(4_560_000_000), "4560.00M");
     }
 }

@@ -14,8 +14,9 @@ use crate::output::columns;
 use crate::output::compact::{Grid, Mark, Mode, clip, plain};
 use crate::output::legend;
 use crate::output::lines::{DeviceId, Line, lines};
-use crate::output::table::count;
+use crate::output::notices;
 use crate::output::tui::state::State;
+use tap_probe_common::units::count;
 use tap_probe_observer::host::report::{Report, Value};
 
 /// The keys, as the footer shows them.
@@ -282,8 +283,8 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
     } else if caveats.is_empty() {
         out.push(TextLine::raw("missed by the kernel: nothing"));
     }
-    for caveat in caveats {
-        out.push(TextLine::raw(caveat));
+    for caveat in &caveats {
+        out.push(TextLine::raw(notices::caveat(caveat)));
     }
     for p in state.report.programs.iter().flatten() {
         out.push(TextLine::raw(clip(
