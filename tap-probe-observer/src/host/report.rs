@@ -235,6 +235,10 @@ pub struct Report {
     /// new devices at once): their counts are short.
     #[serde(rename = "events_without_slots")]
     pub no_room: u64,
+    /// Devices the programs counted from their first packet that came and went between two
+    /// refreshes: gone before a scan could name them, they are in no row.
+    #[serde(rename = "devices_gone_unnamed")]
+    pub gone_unnamed: u64,
     /// The kernel memory the probe's maps hold; `None` where it could not be read.
     #[serde(
         rename = "kernel_memory",
@@ -274,9 +278,10 @@ impl Report {
         self.missed.iter().any(|m| m.total() > 0) || self.no_room > 0
     }
 
-    /// What makes the counts less than certain, for each view to word: the programs that
-    /// missed something (kprobe hits that ran nothing added in), events of new devices that
-    /// found no slot, and the modules that changed since attach.
+    /// What makes the counts less than certain or whole, for each view to word: the programs
+    /// that missed something (kprobe hits that ran nothing added in), events of new devices
+    /// that found no slot, the modules that changed since attach, and devices that came and
+    /// went unnamed.
     #[must_use]
     pub fn caveats(&self) -> Vec<Caveat<'_>> {
         let missed: Vec<(&str, u64)> = self
@@ -293,6 +298,9 @@ impl Report {
             out.push(Caveat::NoRoom(self.no_room));
         }
         out.extend(self.modules_changed.iter().map(Caveat::ModuleChanged));
+        if self.gone_unnamed > 0 {
+            out.push(Caveat::GoneUnnamed(self.gone_unnamed));
+        }
         out
     }
 }
@@ -307,6 +315,9 @@ pub enum Caveat<'a> {
     NoRoom(u64),
     /// A watched module changed since attach: its devices may be counted wrongly.
     ModuleChanged(&'a crate::kernel::modules::ModuleChange),
+    /// Devices counted from their first packet that came and went between two refreshes:
+    /// gone before a scan could name them, they are in no row.
+    GoneUnnamed(u64),
 }
 
 impl Serialize for Row {

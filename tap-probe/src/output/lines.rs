@@ -345,6 +345,7 @@ pub(crate) mod tests {
             missed: Vec::new(),
             modules_changed: Vec::new(),
             no_room: 0,
+            gone_unnamed: 0,
             memory: None,
             rows,
         }

@@ -56,6 +56,12 @@ pub(crate) fn caveat(caveat: &Caveat<'_>) -> String {
         Caveat::NoRoom(events) => format!(
             "COUNTS MAY BE SHORT: {events} events of new devices found no spare counter slots"
         ),
+        Caveat::GoneUnnamed(n) => format!(
+            "{n} device{} came and went between two refreshes: counted, but gone before a \
+             refresh could name {}, so in no row (a shorter --interval shows such devices)",
+            if *n == 1 { "" } else { "s" },
+            if *n == 1 { "it" } else { "them" }
+        ),
         Caveat::ModuleChanged(change) => {
             format!("{change} since attach: its devices may be counted wrongly; restart tap-probe")
         }

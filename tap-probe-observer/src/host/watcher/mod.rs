@@ -55,6 +55,9 @@ pub(crate) struct Tracker<H> {
     /// no scan saw before, in a namespace read before or in a new one, was then created
     /// since, and counted from its first packet.
     births_counted: bool,
+    /// Devices the programs counted from their first packet that were gone before any scan
+    /// found them: no row can name them.
+    gone_unnamed: u64,
 }
 
 struct Tracked {
@@ -248,6 +251,7 @@ impl<H: Host> Tracker<H> {
             namespaces_listed: HashSet::new(),
             namespaces_read: HashSet::new(),
             births_counted: false,
+            gone_unnamed: 0,
         }
     }
 }
@@ -350,6 +354,7 @@ impl<H: Host> Tracker<H> {
                     key.ifindex,
                     key.netns_inode
                 );
+                self.gone_unnamed += 1;
                 self.forget(key);
             }
         }
@@ -499,6 +504,7 @@ impl<H: Host> Tracker<H> {
             untracked,
             missed: self.host.missed(),
             no_room: self.host.no_room(),
+            gone_unnamed: self.gone_unnamed,
             memory: self.host.memory(),
             modules_changed,
         })

@@ -444,16 +444,24 @@ fn devices_left_out_are_skipped_and_forgotten_once_gone() {
 }
 
 /// A device registered by the programs that came and went between two refreshes, in a
-/// namespace that was read, is forgotten: its slots go back.
+/// namespace that was read, is forgotten (its slots go back) and counted as gone unnamed.
 #[test]
 fn a_device_gone_before_any_scan_found_it_is_forgotten() {
     let mut t = tracker();
     t.refresh().unwrap();
     t.host.registered = vec![TAP0];
-    t.refresh().unwrap();
+    let report = t.refresh().unwrap();
     assert!(!t.host.tracked.contains_key(&TAP0));
     assert!(t.host.calls.contains(&"untrack 3".to_owned()));
     assert!(t.pending.is_empty());
+    // It is in no row, and the report says so.
+    assert!(report.rows.is_empty());
+    assert_eq!(report.gone_unnamed, 1);
+    assert!(
+        report
+            .caveats()
+            .contains(&crate::host::report::Caveat::GoneUnnamed(1))
+    );
 }
 
 #[test]

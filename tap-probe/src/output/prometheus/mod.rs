@@ -226,6 +226,14 @@ fn exporter(out: &mut String, report: &Report) {
     );
     let _ = write!(
         out,
+        "# HELP tap_probe_devices_gone_unnamed_total Devices counted from their first packet \
+         that came and went between two refreshes: gone before a refresh could name them, \
+         they are in no series.\n# TYPE tap_probe_devices_gone_unnamed_total counter\n\
+         tap_probe_devices_gone_unnamed_total {}\n",
+        report.gone_unnamed
+    );
+    let _ = write!(
+        out,
         "# HELP tap_probe_modules_changed Modules tap-probe located at attach that were loaded, \
          unloaded or reloaded since (counts of their devices may be wrong: restart it).\n\
          # TYPE tap_probe_modules_changed gauge\ntap_probe_modules_changed {}\n",
@@ -748,6 +756,9 @@ tap_probe_source_info{counters="missed",source="the programs' recursion_misses"}
 # HELP tap_probe_events_without_slots_total Events of devices created since attach that found no spare counter slots (too many new devices at once): their counts are short by them.
 # TYPE tap_probe_events_without_slots_total counter
 tap_probe_events_without_slots_total 0
+# HELP tap_probe_devices_gone_unnamed_total Devices counted from their first packet that came and went between two refreshes: gone before a refresh could name them, they are in no series.
+# TYPE tap_probe_devices_gone_unnamed_total counter
+tap_probe_devices_gone_unnamed_total 0
 # HELP tap_probe_modules_changed Modules tap-probe located at attach that were loaded, unloaded or reloaded since (counts of their devices may be wrong: restart it).
 # TYPE tap_probe_modules_changed gauge
 tap_probe_modules_changed 0
