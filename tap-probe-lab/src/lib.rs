@@ -4,8 +4,8 @@
 //! its table. All of it drives the observer (`tap-probe-observer`) below.
 //!
 //! The modules are public; an item in them is `pub` when the binary or the integration
-//! tests use it and `pub(crate)` otherwise, so the compiler still finds dead code. `lab`'s
-//! own re-exports are the integration tests' surface.
+//! tests use it and `pub(crate)` otherwise, so the compiler still finds dead code. `lab`
+//! exports rigs only: the tests take the observer's parts from the observer.
 
 pub mod bench;
 pub mod check;

@@ -6,7 +6,8 @@
 //! before it.
 //!
 //! The modules are public; an item in them is `pub` when a crate above (the lab, the
-//! binary) uses it and `pub(crate)` otherwise, so the compiler still finds dead code.
+//! binary, the binary's tests) uses it and `pub(crate)` otherwise, so the compiler still
+//! finds dead code. The tests name what they use by these paths: the lab exports rigs only.
 
 pub mod bpf;
 pub mod host;

@@ -21,9 +21,13 @@ use std::time::{Duration, Instant, SystemTime};
 use common::oracle::{Checks, Gate, Oracle};
 use common::prometheus::{Misses, Prometheus, Series};
 use common::service::Service;
-use tap_probe_lab::lab::{self, Backend, NamedNetns, RootQdisc, Rtnl, SenderConfig, Tap};
-use tap_probe_lab::lab::{TapOptions, run_in};
-use tap_probe_observer::os::tap::IFF_BACKPRESSURE;
+use tap_probe_lab::lab::{self, SenderConfig};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::bpf::missed::program_recursion_misses;
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{IFF_BACKPRESSURE, Tap, TapOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 /// The backend `serve` runs with: the cheaper one, which every kernel with the flag has.
@@ -104,7 +108,7 @@ fn send(ns: &NamedNetns, tap: &Tap, frames: u64) {
 }
 
 /// Two taps in `ns`, up: one that drops at its ring, one whose queue stops instead.
-fn taps(ns: &NamedNetns, kernel: &tap_probe_lab::lab::KernelInfo) -> (Tap, Tap) {
+fn taps(ns: &NamedNetns, kernel: &KernelInfo) -> (Tap, Tap) {
     // No flag and no qdisc: what does not fit the ring is dropped at it.
     let dropping =
         common::tap_with(ns, "tpad0", RootQdisc::Noqueue, TapOptions::default()).unwrap();
@@ -224,7 +228,7 @@ fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], misses: Option<Misse
 
 #[test]
 fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
-    if !lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();
@@ -251,7 +255,7 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
         loaded
             .iter()
             .map(|&id| {
-                lab::program_recursion_misses(id)
+                program_recursion_misses(id)
                     .unwrap()
                     .expect(common::MISSES_COUNTED)
             })

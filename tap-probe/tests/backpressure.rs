@@ -11,11 +11,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use tap_probe_common::MetricId;
-use tap_probe_lab::lab::Filter;
-use tap_probe_lab::lab::SlowConsumer;
-use tap_probe_lab::lab::run_in;
-use tap_probe_lab::lab::{self, SenderConfig};
-use tap_probe_lab::lab::{QdiscStats, RootQdisc, Rtnl, Value};
+use tap_probe_lab::lab::{self, SenderConfig, SlowConsumer};
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::{Row, Value};
+use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::run_in;
 
 use common::{Gate, Oracle};
 
@@ -47,7 +47,7 @@ fn veth_bulk_dequeue_requeues_the_rest_behind_a_busy() {
     reason = "one scenario: set up, drive, and check each identity against the kernel"
 )]
 fn veth_with_slow_peer(queues: u32) {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     if let Some(why) = SlowConsumer::unavailable() {
@@ -215,7 +215,7 @@ fn veth_with_slow_peer(queues: u32) {
 }
 
 /// A device's counters summed over its queues.
-fn total(rows: &[tap_probe_lab::lab::Row]) -> tap_probe_common::QueueCounters {
+fn total(rows: &[Row]) -> tap_probe_common::QueueCounters {
     let mut sum = tap_probe_common::QueueCounters::default();
     for row in rows {
         sum += row.counters;

@@ -6,6 +6,8 @@
     reason = "a test binary uses a few of the package's dependencies"
 )]
 
+mod common;
+
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -37,11 +39,11 @@ const SLOW: &str = "packets = 12000\npps = 6000\nreader_pps = 2000\ntx_queue_len
 
 #[test]
 fn a_spec_that_holds_passes_and_one_that_cannot_hold_fails() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let flag = tap_probe_lab::lab::tun_has_backpressure().unwrap();
+    let flag = common::tun_has_backpressure().unwrap();
     // Identities that hold on every kernel; with the flag, also no ring drop at all.
     let holds = if flag {
         format!(
@@ -85,10 +87,10 @@ fn a_spec_that_holds_passes_and_one_that_cannot_hold_fails() {
 
 #[test]
 fn backpressure_where_the_kernel_lacks_it_is_a_problem_of_the_kernel() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
-    if tap_probe_lab::lab::tun_has_backpressure().unwrap() {
+    if common::tun_has_backpressure().unwrap() {
         println!("skipping test - this kernel has IFF_BACKPRESSURE");
         return;
     }
@@ -106,7 +108,7 @@ fn backpressure_where_the_kernel_lacks_it_is_a_problem_of_the_kernel() {
 
 #[test]
 fn the_vhost_reader_accounts_for_every_frame() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     if !Path::new("/dev/vhost-net").exists() {
@@ -114,7 +116,7 @@ fn the_vhost_reader_accounts_for_every_frame() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let flag = tap_probe_lab::lab::tun_has_backpressure().unwrap();
+    let flag = common::tun_has_backpressure().unwrap();
     // Every frame sent is read by vhost-net, dropped at the ring or by the qdisc, or still
     // held by the qdisc behind a queue that vhost-net never woke (a tun that stops its
     // queue with a vhost-net that does not wake it); vhost-net's takes are counted where
@@ -141,7 +143,7 @@ fn the_vhost_reader_accounts_for_every_frame() {
 
 #[test]
 fn bench_measures_every_cell_or_says_why_not() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -157,7 +159,7 @@ fn bench_measures_every_cell_or_says_why_not() {
         .output()
         .unwrap();
     let stderr = text(&out.stderr);
-    let flag = tap_probe_lab::lab::tun_has_backpressure().unwrap();
+    let flag = common::tun_has_backpressure().unwrap();
     let patched = std::fs::read_to_string("/proc/kallsyms")
         .unwrap()
         .lines()

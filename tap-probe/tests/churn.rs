@@ -13,7 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tap_probe_lab::lab::{RootQdisc, Rtnl, Tap, TapOptions, run_in};
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 /// Rounds of churn: each fills a namespace with taps and veths and deletes it.
@@ -150,7 +152,7 @@ fn churn(scrape_ok: &dyn Fn() -> String) -> f64 {
 /// every counter of the survivor equals what the sender sent and the reader read. The
 /// served body of that refresh.
 fn survivor_counted_exactly(
-    keep: &tap_probe_lab::lab::NamedNetns,
+    keep: &NamedNetns,
     survivor: &Tap,
     scrape_ok: &dyn Fn() -> String,
 ) -> String {
@@ -233,7 +235,7 @@ fn survivor_counted_exactly(
 
 #[test]
 fn watch_survives_churn_beyond_its_tables_and_stays_exact() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     raise_open_files();

@@ -20,10 +20,14 @@ use std::time::{Duration, Instant};
 
 use common::service::Service;
 use common::{Checks, Gate, Oracle};
-use tap_probe_lab::lab::{
-    Backend, Drive, Filter, NamedNetns, ReaderConfig, RootQdisc, Rtnl, SenderConfig, Tap,
-    TapOptions, Watcher, run_in,
-};
+use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::Report;
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
@@ -205,7 +209,7 @@ fn memory_within(checks: &mut Checks, watcher: &mut Watcher, what: &str, budget:
 
 /// Refreshes until every device of `ns` is tracked (the first refresh tracks all it finds;
 /// a second takes over what the programs registered meanwhile); the report then.
-fn all_tracked(watcher: &mut Watcher, taps: &Taps, queues: usize) -> tap_probe_lab::lab::Report {
+fn all_tracked(watcher: &mut Watcher, taps: &Taps, queues: usize) -> Report {
     let names: BTreeSet<&str> = taps.taps.iter().map(Tap::name).collect();
     let report = watcher.refresh().unwrap();
     let live: Vec<_> = report
@@ -414,7 +418,7 @@ fn serve(netns_glob: &str) -> Service {
 
 #[test]
 fn every_tap_of_a_dense_host_is_tracked_within_its_memory_budget() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     raise_open_files();

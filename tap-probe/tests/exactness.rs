@@ -15,11 +15,14 @@ mod common;
 
 use std::time::Duration;
 
-use tap_probe_lab::lab::Filter;
-use tap_probe_lab::lab::run_in;
-use tap_probe_lab::lab::{self, SenderConfig};
-use tap_probe_lab::lab::{QdiscStats, RootQdisc, Rtnl};
-use tap_probe_lab::lab::{Row, SendReport, TapOptions};
+use tap_probe_lab::lab::{self, SendReport, SenderConfig};
+use tap_probe_observer::bpf::backend::Sources;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::Row;
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::run_in;
+use tap_probe_observer::os::tap::TapOptions;
 
 use common::{Checks, Gate, Oracle};
 
@@ -37,7 +40,7 @@ struct Setup {
 }
 
 fn tap_with_slow_reader(setup: Setup) {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();
@@ -121,7 +124,7 @@ struct Run<'a> {
     sent: &'a SendReport,
     /// The root qdisc's counters over the run; `None` without a qdisc.
     qdisc: Option<&'a QdiscStats>,
-    sources: &'a tap_probe_lab::lab::Sources,
+    sources: &'a Sources,
 }
 
 /// What holds whatever the kernel does with a full ring.
@@ -239,7 +242,7 @@ fn qdisc_accounting(checks: &mut Checks, gate: &Gate, row: &Row, run: &Run<'_>, 
 }
 
 /// The fix: the ring never drops, the queue stops and the qdisc holds the packets.
-fn stopping(gate: &Gate, row: &Row, kernel: &tap_probe_lab::lab::KernelInfo) {
+fn stopping(gate: &Gate, row: &Row, kernel: &KernelInfo) {
     let c = &row.counters;
     assert_eq!(row.backpressure, Some(true), "{:?}", gate.backend());
     gate.holds(
@@ -385,7 +388,7 @@ fn voluntary_switches(status: &std::fs::File) -> u64 {
 /// when the ring is empty, so the two must be equal.
 #[test]
 fn reader_sleeps_match_the_readers_context_switches() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("sleep").unwrap();

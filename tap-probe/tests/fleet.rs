@@ -35,7 +35,8 @@ use common::oracle::{Checks, Gate, Oracle};
 use common::prometheus::{Misses, PROMETHEUS, Prometheus, SCRAPE, Series, encode};
 use common::service::{Service, left_behind};
 use serde_json::Value;
-use tap_probe_lab::lab::Backend;
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::bpf::missed::program_recursion_misses;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const DASHBOARD: &str = include_str!("../../deploy/grafana/tap-probe.json");
@@ -374,7 +375,7 @@ fn check_alert(
         // Every stop was woken, and the qdiscs were empty after the drain.
         "TapQueueStuck" => assert_eq!(mine, none, "{name}: {fired:?}"),
         "TapBackpressureUnused" => {
-            let flag = tap_probe_lab::lab::tun_has_backpressure().unwrap();
+            let flag = common::tun_has_backpressure().unwrap();
             let predicted = if flag { tap_only } else { none };
             assert_eq!(
                 mine, predicted,
@@ -496,7 +497,7 @@ fn per_queue_the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     reason = "one scenario, start to stop, in order"
 )]
 fn scenario(form: Form) {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     if !common::prometheus::installed() {
@@ -532,7 +533,7 @@ fn scenario(form: Form) {
         loaded
             .iter()
             .map(|&id| {
-                tap_probe_lab::lab::program_recursion_misses(id)
+                program_recursion_misses(id)
                     .unwrap()
                     .expect(common::MISSES_COUNTED)
             })

@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 
 use common::oracle::{Checks, Gate, Oracle};
 use common::running::{Lines, Running};
-use tap_probe_lab::lab::{
-    Backend, Drive, Filter, NamedNetns, ReaderConfig, RootQdisc, SenderConfig, Tap, TapOptions,
-    Watcher, run_in,
-};
+use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::os::netlink::RootQdisc;
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 /// Frames of the flood: many times a new tap's ring (its `tx_queue_len`, 1000).
 const FRAMES: u64 = 20_000;
@@ -240,7 +243,7 @@ fn check_new_tap_row(
 /// A tap created in a namespace being watched, flooded the moment it exists.
 #[test]
 fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("born").unwrap();
@@ -260,7 +263,7 @@ fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
 /// namespace), flooded the moment it exists.
 #[test]
 fn a_tap_in_a_new_namespace_is_counted_from_its_first_packet() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let tag = format!("tp-bornns-{}", std::process::id());
@@ -308,7 +311,7 @@ fn read_frames(tap: &Tap, n: u64, limit: Duration) -> u64 {
 fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
     const RING: u64 = 1000;
     const HELD: u64 = 300;
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();

@@ -12,11 +12,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tap_probe_lab::lab::{Drive, Filter, ReaderConfig, RootQdisc, SenderConfig};
+use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::Row;
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::run_in;
 
 use common::{Checks, Gate, Oracle};
-use tap_probe_lab::lab::{Backend, Watcher};
-use tap_probe_observer::host::report::Row;
 
 /// The load: paced, with a reader slower than the sender so that the ring fills and drops
 /// too. It runs this long before the watchers attach, and after they have attached for as
@@ -29,14 +33,14 @@ const LOAD_BOUND: Duration = Duration::from_mins(2);
 
 #[test]
 fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("live").unwrap();
     let tap = common::tap_in(&ns, "tpl0", RootQdisc::Noqueue).unwrap();
     // A short ring fills at once even at a slow guest's rates.
-    tap_probe_lab::lab::run_in(ns.path(), || {
-        tap_probe_lab::lab::Rtnl::open()?.set_tx_queue_len(tap.ifindex(), RING)
+    run_in(ns.path(), || {
+        Rtnl::open()?.set_tx_queue_len(tap.ifindex(), RING)
     })
     .unwrap();
     // Paced so that packets leave gaps in which an exact baseline can be read, also where

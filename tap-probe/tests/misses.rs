@@ -9,7 +9,8 @@
 
 mod common;
 
-use tap_probe_lab::lab::{Backend, KprobeLab, RecursionLab};
+use tap_probe_lab::lab::{KprobeLab, RecursionLab};
+use tap_probe_observer::bpf::backend::Backend;
 
 use common::{Gate, Oracle};
 
@@ -20,7 +21,7 @@ const ROUNDS: [u32; 2] = [3, 7];
 /// nested run is refused and counted in the program's `recursion_misses`.
 #[test]
 fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let mut checks = common::Checks::new();
@@ -67,7 +68,7 @@ fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
 /// counts in that program's `recursion_misses` from the same release on.
 #[test]
 fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();

@@ -10,11 +10,11 @@ mod common;
 
 use std::time::Duration;
 
-use tap_probe_lab::lab::Filter;
-use tap_probe_lab::lab::run_in;
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
-use tap_probe_lab::lab::{RootQdisc, Rtnl};
-use tap_probe_lab::lab::{Tap, TapOptions};
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 use common::{Gate, Oracle};
 
@@ -29,7 +29,7 @@ const ATTEMPTS: u32 = 5;
 
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let mut checks = common::Checks::new();
@@ -152,7 +152,7 @@ fn attempt_exact(checks: &mut common::Checks) -> bool {
 }
 
 /// A tap with two queues (one fd each) in `ns`, without a qdisc, up.
-fn two_queue_tap(ns: &tap_probe_lab::lab::NamedNetns) -> Tap {
+fn two_queue_tap(ns: &NamedNetns) -> Tap {
     run_in(ns.path(), || {
         let opts = TapOptions {
             multi_queue: true,

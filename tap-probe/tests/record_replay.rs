@@ -18,8 +18,11 @@ use std::time::Duration;
 
 use tap_probe_common::{EventKind, WakeClass};
 use tap_probe_lab::lab::SenderConfig;
-use tap_probe_lab::lab::{Discovery, Filter};
-use tap_probe_lab::lab::{RootQdisc, Rtnl, Tap, TapOptions, TunBackpressure, run_in};
+use tap_probe_observer::host::discovery::{Discovery, Filter};
+use tap_probe_observer::kernel::TunBackpressure;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::run_in;
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 use tap_probe_replay::policy::Policy;
 use tap_probe_replay::ring::X86_64_BATCH;
 use tap_probe_replay::sim::{SimConfig, simulate};
@@ -31,7 +34,7 @@ const DEV: &str = "tprr0";
 
 #[test]
 fn replayed_tail_drops_match_kernel_tx_dropped() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("rr").unwrap();
@@ -322,7 +325,7 @@ fn monotonic_ns() -> u64 {
 /// workload recorded on a tail-dropping tap predicts the fix's stops, wakes and qdisc drops.
 #[test]
 fn the_fix_wakes_at_half_the_ring_and_the_replay_predicts_it() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();

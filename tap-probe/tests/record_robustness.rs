@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use tap_probe_lab::lab::RootQdisc;
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
+use tap_probe_observer::os::netlink::RootQdisc;
+use tap_probe_observer::os::netns::run_in;
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
@@ -241,7 +243,7 @@ fn flood_secs() -> u64 {
 
 #[test]
 fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -266,7 +268,7 @@ fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
 
 #[test]
 fn record_honours_sigterm_under_a_load_it_cannot_keep_up_with() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -331,7 +333,7 @@ fn with_traffic<T: Send>(tag: &str, during: impl FnOnce(&str, &str) -> T + Send)
 /// its last whole record with `--salvage`, which says what is missing.
 #[test]
 fn a_killed_recording_is_salvaged() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -438,7 +440,7 @@ impl Drop for SmallDisk {
 /// record with the loss stated; nothing stays attached.
 #[test]
 fn a_full_disk_ends_the_recording_cleanly() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -499,19 +501,19 @@ const TAPS: usize = 70;
 /// `watch` counts them (the queues in use, one each here), all 70 are recorded.
 #[test]
 fn multi_queue_taps_are_recorded_within_the_tables() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("rmq").unwrap();
-    let taps: Vec<tap_probe_lab::lab::Tap> = tap_probe_lab::lab::run_in(ns.path(), || {
+    let taps: Vec<Tap> = run_in(ns.path(), || {
         (0..TAPS)
             .map(|i| {
-                tap_probe_lab::lab::Tap::create(
+                Tap::create(
                     &format!("tpq{i}"),
-                    tap_probe_lab::lab::TapOptions {
+                    TapOptions {
                         multi_queue: true,
                         queues: 1,
-                        ..tap_probe_lab::lab::TapOptions::default()
+                        ..TapOptions::default()
                     },
                 )
             })

@@ -16,9 +16,13 @@ use std::time::Duration;
 
 use tap_probe_common::QueueCounters;
 use tap_probe_lab::lab::{
-    self, Backend, Drive, Filter, QdiscStats, ReaderConfig, RootQdisc, Rtnl, SENDER_DEV,
-    SenderConfig, TcpCounters, VethConfig, VethLink, run_in,
+    self, Drive, ReaderConfig, SENDER_DEV, SenderConfig, TcpCounters, VethConfig, VethLink,
 };
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::Row;
+use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::run_in;
 
 use common::{Checks, Gate, Oracle};
 
@@ -41,7 +45,7 @@ const SECS: u64 = 5;
 /// probe and the reader count the same frames as late, exactly.
 #[test]
 fn netem_reordering_is_counted_as_the_reader_sees_it() {
-    if !lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("ro-netem").unwrap();
@@ -168,7 +172,7 @@ fn bounded_by_the_reader(
 /// never at a flow's first frame; within the table, none is.
 #[test]
 fn flows_beyond_the_table_are_taken_up_again() {
-    if !lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let table = u64::from(tap_probe_common::MAX_FLOWS);
@@ -410,7 +414,7 @@ struct TcpRun {
 /// Runs [`STREAMS`] TCP streams for [`SECS`] through a fresh pair set up as `cfg`, watched
 /// by every backend this kernel runs; the backends must agree on `reordered`.
 fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
-    if !lab::root() {
+    if !tap_probe_observer::os::root() {
         return None;
     }
     if cfg.slow_peer_ns.is_some()
@@ -518,7 +522,7 @@ fn tcp_attempt(tag: &str, cfg: VethConfig, checks: &mut Checks) -> Option<TcpRun
 }
 
 /// A device's counters summed over its queues.
-fn total(rows: &[lab::Row]) -> QueueCounters {
+fn total(rows: &[Row]) -> QueueCounters {
     let mut sum = QueueCounters::default();
     for row in rows {
         sum += row.counters;

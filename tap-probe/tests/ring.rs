@@ -10,8 +10,15 @@ mod common;
 
 use std::time::Duration;
 
-use tap_probe_lab::lab::{self, Backend, Filter, Row, SenderConfig, TapOptions, Watcher};
-use tap_probe_lab::lab::{NamedNetns, RootQdisc, Rtnl, Tap, TunBackpressure, run_in};
+use tap_probe_lab::lab::{self, SenderConfig};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::Row;
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::kernel::TunBackpressure;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 use common::{Gate, Oracle};
 
@@ -62,7 +69,7 @@ fn read(tap: &Tap, n: u64) {
 /// frees one.
 #[test]
 fn ring_occupancy_follows_what_went_in_and_out() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("ring").unwrap();
@@ -153,7 +160,7 @@ fn ring_occupancy_follows_what_went_in_and_out() {
 /// reader comes back. Without the fix the ring drops and the queue never stops.
 #[test]
 fn a_stopped_queue_whose_reader_pauses_is_stuck() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();
@@ -236,7 +243,7 @@ fn a_stopped_queue_whose_reader_pauses_is_stuck() {
 #[test]
 fn a_ring_without_room_stalls_only_the_posted_series() {
     const FRAMES: u64 = 300;
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = common::kernel();

@@ -26,7 +26,10 @@ use std::time::{Duration, Instant};
 use common::oracle::{Checks, Gate, Oracle};
 use common::service::{Service, left_behind, programs, sample};
 use common::web::{self, PASSWORD, Pki, USER};
-use tap_probe_lab::lab::{Backend, RootQdisc};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::bpf::missed::program_recursion_misses;
+use tap_probe_observer::os::netlink::RootQdisc;
+use tap_probe_observer::os::tap::Tap;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const UNIT: &str = include_str!("../../deploy/systemd/tap-probe.service");
@@ -198,7 +201,7 @@ fn as_the_unit_runs_it(caps: &BTreeSet<String>) -> Vec<String> {
 
 /// A process that holds the tap open under a VM's command line (`sh -c 'read _' sh -name
 /// guest=...`): the tap's owner as `serve` should name it. It ends when its stdin closes.
-fn holder(tap: &tap_probe_lab::lab::Tap) -> std::process::Child {
+fn holder(tap: &Tap) -> std::process::Child {
     let fd = tap.queue_fd(0).as_raw_fd();
     let mut command = Command::new("sh");
     command
@@ -272,7 +275,7 @@ fn allowed_syscalls(filter: &[&str]) -> Option<BTreeSet<String>> {
     reason = "one service life, start to stop, in order"
 )]
 fn the_unit_runs_it_with_its_capabilities_alone() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     // A copy the unprivileged user can reach (the build directory may be private).
@@ -406,7 +409,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
     let missed_runs: u64 = loaded
         .iter()
         .map(|&id| {
-            tap_probe_lab::lab::program_recursion_misses(id)
+            program_recursion_misses(id)
                 .unwrap()
                 .expect(common::MISSES_COUNTED)
         })

@@ -13,9 +13,13 @@ use std::process::Command;
 use common::running::{Lines, Running};
 use std::time::Duration;
 
-use tap_probe_lab::lab::RootQdisc;
-use tap_probe_lab::lab::{Backend, KernelInfo, Watcher};
-use tap_probe_lab::lab::{DeviceKind, Filter};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::discovery::{DeviceKind, Filter};
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::kernel::KernelInfo;
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::Tap;
 
 use common::{Gate, Oracle};
 
@@ -23,7 +27,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
 #[test]
 fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("disc").unwrap();
@@ -62,7 +66,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
 
 #[test]
 fn json_lines_carry_every_field() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("json").unwrap();
@@ -74,7 +78,7 @@ fn json_lines_carry_every_field() {
 }
 
 /// One `watch --format json` of the tap `tpj0` in `ns`, with `--flows` or not.
-fn json_lines_of_one_run(ns: &tap_probe_lab::lab::NamedNetns, flows: bool) {
+fn json_lines_of_one_run(ns: &NamedNetns, flows: bool) {
     let out = Command::new(BIN)
         .args([
             "watch",
@@ -166,7 +170,7 @@ fn json_lines_of_one_run(ns: &tap_probe_lab::lab::NamedNetns, flows: bool) {
 /// load did, by the sender's and the kernel's own counts; the rows agree with the kernel.
 #[test]
 fn demo_json_ends_with_the_rows_and_the_load_report() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -221,7 +225,7 @@ fn demo_json_ends_with_the_rows_and_the_load_report() {
 /// fix. Where the kernel lacks the flag, the demo refuses before it makes anything.
 #[test]
 fn demo_with_backpressure_stops_the_queue_or_refuses() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -231,7 +235,7 @@ fn demo_with_backpressure_stops_the_queue_or_refuses() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    if !tap_probe_lab::lab::tun_has_backpressure().unwrap() {
+    if !common::tun_has_backpressure().unwrap() {
         assert!(!out.status.success(), "{stderr}");
         assert!(
             stderr.contains("does not support IFF_BACKPRESSURE"),
@@ -254,7 +258,7 @@ fn demo_with_backpressure_stops_the_queue_or_refuses() {
 
 #[test]
 fn unmatched_glob_is_an_error_that_lists_devices() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("nomatch").unwrap();
@@ -275,7 +279,7 @@ fn unmatched_glob_is_an_error_that_lists_devices() {
 
 #[test]
 fn without_privileges_the_error_names_the_capabilities() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     // setpriv (util-linux) drops to an unprivileged user with no capabilities; that user
@@ -306,7 +310,7 @@ fn without_privileges_the_error_names_the_capabilities() {
 
 #[test]
 fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("backend").unwrap();
@@ -371,7 +375,7 @@ fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
 }
 
 /// Sends `frames` frames through `tap` from inside `ns` while a reader takes them all.
-fn send_and_read(ns: &tap_probe_lab::lab::NamedNetns, tap: &tap_probe_lab::lab::Tap, frames: u64) {
+fn send_and_read(ns: &NamedNetns, tap: &Tap, frames: u64) {
     let driven = common::paced_and_read(ns.path(), tap, frames);
     assert_eq!(driven.sent.sent, frames, "{:?}", driven.sent);
     assert_eq!(driven.read[0].packets, frames);
@@ -407,7 +411,7 @@ fn sample(body: &str, family: &str, device: &str) -> Option<u64> {
 #[test]
 fn prometheus_endpoint_serves_the_counters() {
     const FRAMES: u64 = 500;
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("prom").unwrap();
@@ -472,7 +476,7 @@ fn prometheus_endpoint_serves_the_counters() {
 #[test]
 fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     const FRAMES: u64 = 500;
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("noocc").unwrap();
@@ -532,7 +536,7 @@ fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
 #[test]
 fn the_final_json_object_keeps_a_device_that_went_away() {
     const FRAMES: u64 = 300;
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("gonejson").unwrap();
@@ -621,12 +625,12 @@ fn watch_json(ns: &str, extra: &[&str]) -> (serde_json::Value, String) {
 /// with a warning that says what is not exact.
 #[test]
 fn macvtap_is_watched_only_when_asked_for_and_then_with_a_warning() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("mvtap").unwrap();
-    tap_probe_lab::lab::run_in(ns.path(), || {
-        let mut rtnl = tap_probe_lab::lab::Rtnl::open()?;
+    run_in(ns.path(), || {
+        let mut rtnl = Rtnl::open()?;
         rtnl.add_veth("tpm-v0", "tpm-v1", Some(1))?;
         let lower = rtnl.link_by_name("tpm-v0")?.ifindex;
         rtnl.add_macvtap("tpm-mt0", lower)?;
@@ -688,7 +692,7 @@ fn with_capabilities(caps: &[&str], args: &[&str]) -> std::process::Output {
 /// stands in for).
 #[test]
 fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let out = with_capabilities(&[], &["watch", "--duration", "1"]);
@@ -753,7 +757,7 @@ fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
 /// field is proven in `misses.rs`, which causes misses and counts them with the same code.
 #[test]
 fn what_the_kernel_skipped_is_read_for_every_program() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let kernel = KernelInfo::load().unwrap();

@@ -24,7 +24,9 @@ use common::oracle::{Checks, Gate, Oracle};
 use common::prometheus::{PROMETHEUS, Prometheus, SCRAPE, Series, Target};
 use common::service::Service;
 use common::web::{self, PASSWORD, Pki, USER};
-use tap_probe_lab::lab::{Backend, RootQdisc};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::bpf::missed::program_recursion_misses;
+use tap_probe_observer::os::netlink::RootQdisc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const FRAMES: u32 = 500;
@@ -38,7 +40,7 @@ const COUNTED: &[&str] = &[
 
 /// Whether the test can run here: as root (`serve` attaches), with Prometheus installed.
 fn can_run() -> bool {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return false;
     }
     if !common::prometheus::installed() {
@@ -163,7 +165,7 @@ fn gate_of(loaded: &BTreeSet<u32>) -> Gate {
     let missed = loaded
         .iter()
         .map(|&id| {
-            tap_probe_lab::lab::program_recursion_misses(id)
+            program_recursion_misses(id)
                 .unwrap()
                 .expect(common::MISSES_COUNTED)
         })
@@ -447,7 +449,7 @@ fn the_web_config_is_read_again_when_it_changes() {
 /// byte a second is cut off at the head timeout.
 #[test]
 fn request_limits_and_keep_alive() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let ns = common::quiet_netns("weblim").unwrap();

@@ -9,7 +9,9 @@
 //! A kprobe can also miss without running its program at all; [`crate::bpf::kprobe`]
 //! reads that.
 
-use std::os::fd::{AsRawFd as _, BorrowedFd, RawFd};
+use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, RawFd};
+
+use anyhow::Context as _;
 
 /// `BPF_OBJ_GET_INFO_BY_FD` (`include/uapi/linux/bpf.h`).
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -91,4 +93,19 @@ pub fn recursion_misses(fd: BorrowedFd<'_>) -> std::io::Result<Option<u64>> {
     let mut info = [0u8; RECURSION_MISSES + 8];
     let filled = object_info(fd.as_raw_fd(), &mut info)?;
     Ok((filled >= info.len()).then(|| u64_at(&info, RECURSION_MISSES)))
+}
+
+/// The runs of the loaded program `id` the kernel skipped (`bpf_prog_info.recursion_misses`),
+/// read from the kernel by the program's id: what another process's programs missed; `None`
+/// where the kernel does not count them (before Linux 5.12).
+///
+/// # Errors
+/// When no such program is loaded, or the kernel refuses the request.
+pub fn program_recursion_misses(id: u32) -> anyhow::Result<Option<u64>> {
+    let program = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == id)
+        .with_context(|| format!("no program {id} is loaded"))?;
+    let fd = program.fd()?;
+    Ok(recursion_misses(fd.as_fd())?)
 }

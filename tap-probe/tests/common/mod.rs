@@ -16,12 +16,16 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use tap_probe_common::{Kind, METRICS, Requires, Unit};
-use tap_probe_lab::lab::{Backend, Row, Value, Watcher};
 use tap_probe_lab::lab::{Drive, Driven, ReaderConfig, SendReport, SenderConfig};
-use tap_probe_lab::lab::{KernelInfo, TunBackpressure};
-use tap_probe_lab::lab::{NamedNetns, run_in};
-use tap_probe_lab::lab::{RootQdisc, Rtnl};
-use tap_probe_lab::lab::{Tap, TapOptions};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::bpf::probe::Occupancy;
+use tap_probe_observer::host::discovery::Filter;
+use tap_probe_observer::host::report::{Row, Value};
+use tap_probe_observer::host::watcher::Watcher;
+use tap_probe_observer::kernel::{KernelInfo, TunBackpressure};
+use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
+use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 pub(crate) mod oracle;
 pub(crate) mod second_reading;
@@ -166,24 +170,27 @@ pub(crate) fn has_backpressure_flag(kernel: &KernelInfo) -> bool {
     kernel.tun_backpressure == Some(TunBackpressure::OptIn)
 }
 
+/// As [`has_backpressure_flag`], asked of the kernel on its own
+/// ([`KernelInfo::tun_backpressure_now`]): for a test that starts no probe of its own and
+/// so needs neither BTF nor the tun/tap read path that [`kernel`] requires.
+///
+/// # Errors
+/// When `/dev/net/tun` cannot be asked, or kallsyms cannot be read.
+pub(crate) fn tun_has_backpressure() -> Result<bool> {
+    Ok(KernelInfo::tun_backpressure_now()? == TunBackpressure::OptIn)
+}
+
 /// A watcher for each backend this kernel can run, all attached at once so they count the
 /// same traffic, sampling the rings at every driver call and take (`Occupancy::Exact`), so
 /// that the samples can be counted against the packets. Every backend the kernel has what it needs for must attach (one that fails
 /// there fails the test): kprobes, and the tracepoints with `consume_skb`'s `location`
 /// (6.3+). The others are skipped, visibly.
-pub(crate) fn watchers(
-    filter: &tap_probe_lab::lab::Filter,
-) -> Vec<(tap_probe_lab::lab::Backend, tap_probe_lab::lab::Watcher)> {
+pub(crate) fn watchers(filter: &Filter) -> Vec<(Backend, Watcher)> {
     let kernel = kernel();
     let expected = Backend::available(&kernel);
     let mut all = Vec::new();
     for backend in [Backend::Tracepoint, Backend::Kprobe] {
-        match tap_probe_lab::lab::Watcher::with_occupancy(
-            &kernel,
-            filter,
-            backend,
-            tap_probe_lab::lab::Occupancy::Exact,
-        ) {
+        match Watcher::with_occupancy(&kernel, filter, backend, Occupancy::Exact) {
             Ok(w) => all.push((backend, w)),
             Err(err) if !expected.contains(&backend) => {
                 eprintln!("skipping backend {backend:?} - {err:#}");

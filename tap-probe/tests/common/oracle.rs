@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 use std::fmt::{Debug, Display};
 
-use tap_probe_lab::lab::{Backend, Watcher};
+use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_observer::host::watcher::Watcher;
 pub(crate) use tap_probe_verdict::Oracle;
 use tap_probe_verdict::{Outcome, Tally};
 

@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-use tap_probe_lab::lab::{NamedNetns, QdiscStats, Rtnl, run_in};
+use tap_probe_observer::os::netlink::{QdiscStats, Rtnl};
+use tap_probe_observer::os::netns::{NamedNetns, run_in};
 
 use super::{Checks, Gate, Oracle};
 

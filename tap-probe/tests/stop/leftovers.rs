@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use tap_probe_lab::lab::loaded;
+use tap_probe_observer::bpf::loaded;
 
 /// Makes the test process the subreaper of everything it starts.
 pub(crate) fn subreaper() {

@@ -30,7 +30,7 @@ use run::{Io, Run, Start};
 /// How the tests here begin: without root, nothing (the test returns); with it, the test
 /// process made the subreaper of everything it starts, and the host as it was before.
 fn host_before_as_root() -> Option<Host> {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return None;
     }
     leftovers::subreaper();
@@ -657,7 +657,7 @@ fn with_stdin_at_end_of_file_from_the_start_nothing_spins_and_nohup_holds() {
 
 #[test]
 fn vm_takes_its_guest_down_whatever_ends_it() {
-    if !tap_probe_lab::lab::root() {
+    if !tap_probe_observer::os::root() {
         return;
     }
     let qemu = tap_probe_guest::qemu::QEMU;
