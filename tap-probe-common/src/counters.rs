@@ -671,7 +671,7 @@ queue_metrics! {
     }
     metric KernelSkew {
         name: "kernel.skew",
-        help: "packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).",
+        help: "packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops); while traffic flows, also by a read its reader is paused in between tun's count and consume_skb, one per reader thread at most.",
         kind: Kind::Gauge,
         unit: Unit::Packets,
         source: Source::Kernel(KernelStat::Skew),

@@ -88,7 +88,13 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
             std::thread::sleep(LOAD / 8);
             for (backend, w) in &mut watchers {
                 let row = w.refresh().unwrap().rows.remove(0);
-                within_skew(&mut checks, *backend, &row, "the skew shown");
+                within_skew(
+                    &mut checks,
+                    *backend,
+                    &row,
+                    READ_IN_FLIGHT,
+                    "the skew shown",
+                );
             }
         }
         assert!(
@@ -113,8 +119,8 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
 }
 
 /// Holds the kernel's columns of `row` to the probes' counts within the skew the watcher
-/// shows (`what` names it), as a bound.
-fn within_skew(checks: &mut Checks, backend: Backend, row: &Row, what: &str) {
+/// shows (`what` names it) and `in_flight` packets more, as a bound.
+fn within_skew(checks: &mut Checks, backend: Backend, row: &Row, in_flight: u64, what: &str) {
     let off = row.counters.consumed.abs_diff(row.kernel.tx_packets)
         + row
             .counters
@@ -123,10 +129,17 @@ fn within_skew(checks: &mut Checks, backend: Backend, row: &Row, what: &str) {
     checks.bound(
         Some(backend),
         Oracle::DeviceStats,
-        off <= row.kernel.skew,
-        format!("off by no more than {what}: {row:#?}"),
+        off <= row.kernel.skew + in_flight,
+        format!("off by no more than {what} and {in_flight} in flight: {row:#?}"),
     );
 }
+
+/// A read of the test's one reader thread in flight at a refresh under load: tun counted
+/// it (`tun_put_user`) and its `consume_skb` has not run yet, because the thread was
+/// paused in between for longer than the watcher waits after reading the kernel's
+/// statistics (as under emulation beside other guests). The skew shown cannot see it
+/// (`kernel.skew` in docs/counters.md); once the traffic stops there is none.
+const READ_IN_FLIGHT: u64 = 1;
 
 /// The gate of a row's kernel columns once the traffic stopped: exact where the watcher's
 /// baseline was (skew 0). A baseline read while the load never paused (none of its attempts
@@ -150,7 +163,7 @@ fn settled(checks: &mut Checks, watchers: &mut [(Backend, Watcher)], slowdown: u
             "counted under load",
         );
         // No traffic: all the skew left is the baseline's.
-        within_skew(checks, *backend, &row, "the baseline's skew");
+        within_skew(checks, *backend, &row, 0, "the baseline's skew");
         let gate = baseline_gate(*backend, &row);
         checks.eq(
             &gate,

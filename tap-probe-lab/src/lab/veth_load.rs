@@ -137,8 +137,7 @@ pub fn run_veth_load(cfg: &VethLoadConfig, stop: &Arc<AtomicBool>) -> Result<Vet
             }
         }
     }
-    // What the qdisc still holds reaches the peer shortly after the sender stops.
-    std::thread::sleep(Duration::from_millis(200));
+    settle(&qdisc, || link.sender_stats().ok().map(|s| s.tx_packets));
     let (s1, r1) = link.tcp_counters()?;
     report.sender_tcp = s1.since(&s0);
     report.receiver_tcp = r1.since(&r0);
@@ -154,6 +153,38 @@ pub fn run_veth_load(cfg: &VethLoadConfig, stop: &Arc<AtomicBool>) -> Result<Vet
     drop(link);
     Ok(report)
 }
+
+/// Waits until what the sender's end still holds after the sender stopped has reached the
+/// peer: the qdisc empty, and the end's `tx_packets` unchanged for [`SETTLED`]. With NAPI on
+/// the peer (threaded, or GRO), veth counts a packet as sent when the peer's NAPI takes it
+/// from the ring (`veth_get_stats64` adds the peer's `xdp_packets`), not when the driver
+/// call put it there: read earlier, the kernel's figure is short by what the rings hold,
+/// and a slow peer on a loaded machine held 433 packets 200 ms after the sender stopped.
+/// At most [`SETTLE_FOR`]; the report's figures are read then, settled or not.
+fn settle(qdisc: &dyn Fn() -> Option<QdiscStats>, tx_packets: impl Fn() -> Option<u64>) {
+    let deadline = std::time::Instant::now() + SETTLE_FOR;
+    let mut last = (tx_packets(), std::time::Instant::now());
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = tx_packets();
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+            continue;
+        }
+        let empty = qdisc().is_none_or(|q| q.qlen == 0);
+        if empty && last.1.elapsed() >= SETTLED {
+            return;
+        }
+    }
+}
+
+/// How long the sender's end's `tx_packets` stays unchanged once the rings are empty,
+/// before [`settle`] takes its figures as final: a slow peer takes a packet every few
+/// hundred microseconds, so a wait this long without one means none is left.
+const SETTLED: Duration = Duration::from_millis(200);
+
+/// The most [`settle`] waits.
+const SETTLE_FOR: Duration = Duration::from_secs(10);
 
 impl VethLoadReport {
     /// The report as `(name, value)` pairs, in the order a reader wants them (the binary

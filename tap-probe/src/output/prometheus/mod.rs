@@ -732,7 +732,7 @@ tap_probe_kernel_tx_packets_at_start{netns="vm \"a\"\\b\nc",device="tap0",kind="
 # HELP tap_probe_kernel_tx_dropped_at_start Host to guest (the host's transmit, the guest's receive): the device's own tx_dropped when tracking began (0 from birth).
 # TYPE tap_probe_kernel_tx_dropped_at_start gauge
 tap_probe_kernel_tx_dropped_at_start{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 0
-# HELP tap_probe_kernel_skew_packets Host to guest (the host's transmit, the guest's receive): packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops).
+# HELP tap_probe_kernel_skew_packets Host to guest (the host's transmit, the guest's receive): packets the kernel's columns may be off from tap-probe's by, as they cannot be read at the same instant (0 once traffic stops); while traffic flows, also by a read its reader is paused in between tun's count and consume_skb, one per reader thread at most.
 # TYPE tap_probe_kernel_skew_packets gauge
 tap_probe_kernel_skew_packets{netns="vm \"a\"\\b\nc",device="tap0",kind="tap"} 0
 # HELP tap_probe_drop_reason_total Host to guest (the host's transmit, the guest's receive): packets freed inside the driver, by skb drop reason (other than a full ring).
