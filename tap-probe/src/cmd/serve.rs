@@ -89,7 +89,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 if std::mem::take(&mut first) {
                     log::info!("{}", tracking(&report));
                 }
-                exporter.publish(&report);
+                exporter.publish(report);
             }
             Err(err) => {
                 // Once per spell of failures, not once per interval.

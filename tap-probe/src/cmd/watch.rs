@@ -112,7 +112,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         bail!("{}", watcher.nothing_matches()?);
     }
     if let Some(exporter) = &exporter {
-        exporter.publish(&first);
+        exporter.publish(first.clone());
         eprintln!(
             "tap-probe: serving metrics on {}{}",
             exporter.url("/metrics"),
@@ -129,7 +129,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let mut refresh = || -> anyhow::Result<_> {
         let report = watcher.refresh()?;
         if let Some(exporter) = &exporter {
-            exporter.publish(&report);
+            exporter.publish(report.clone());
         }
         Ok(report)
     };

@@ -132,7 +132,7 @@ fn route(
         "/metrics" => Answer {
             status: StatusCode::OK,
             content_type: EXPOSITION,
-            body: served.text.clone(),
+            body: served.text.text(),
         },
         "/healthz" => health(served, now, stale_after),
         _ => Answer::text(
@@ -171,13 +171,14 @@ fn health(served: &Served, now: Instant, stale_after: Duration) -> Answer {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Exposition;
     use super::*;
 
     const STALE: Duration = Duration::from_secs(10);
 
     fn served(text: &'static str, refreshed: Option<Instant>) -> Served {
         Served {
-            text: Bytes::from_static(text.as_bytes()),
+            text: Arc::new(Exposition::rendered(Bytes::from_static(text.as_bytes()))),
             refreshed,
             failure: None,
         }

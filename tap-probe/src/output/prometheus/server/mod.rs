@@ -60,11 +60,63 @@ impl Settings {
 #[derive(Clone, Debug, Default)]
 struct Served {
     /// Shared by every response that sends it, not copied.
-    text: Bytes,
+    text: Arc<Exposition>,
     /// When the last refresh published.
     refreshed: Option<Instant>,
     /// Why the last refresh failed, when it did (the text is then the one before).
     failure: Option<Arc<str>>,
+}
+
+/// The exposition of one refresh, rendered by the first scrape that asks for it and then
+/// kept: a host refreshed more often than it is scraped (Prometheus' 15 s or more against
+/// a few seconds) renders only what is scraped, and its refreshes cost the reads alone.
+#[derive(Default)]
+struct Exposition {
+    render: std::sync::Mutex<Option<Render>>,
+    text: std::sync::OnceLock<Bytes>,
+}
+
+/// What renders an exposition: the refresh's report and rows, moved in.
+type Render = Box<dyn FnOnce() -> String + Send>;
+
+impl Exposition {
+    fn new(render: Render) -> Self {
+        Self {
+            render: std::sync::Mutex::new(Some(render)),
+            text: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// An exposition already rendered.
+    #[cfg(test)]
+    fn rendered(text: Bytes) -> Self {
+        Self {
+            render: std::sync::Mutex::new(None),
+            text: std::sync::OnceLock::from(text),
+        }
+    }
+
+    /// The text, rendered now if no scrape asked for it yet.
+    fn text(&self) -> Bytes {
+        self.text
+            .get_or_init(|| {
+                let render = self
+                    .render
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                render.map_or_else(Bytes::new, |render| render().into())
+            })
+            .clone()
+    }
+}
+
+impl std::fmt::Debug for Exposition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exposition")
+            .field("rendered", &self.text.get().map(Bytes::len))
+            .finish_non_exhaustive()
+    }
 }
 
 /// The scrape endpoint: serves what was given to [`Exporter::publish`] last, from a thread
@@ -145,12 +197,13 @@ impl Exporter {
     }
 
     /// Serves `report` from now on, with the devices that went away within the grace.
-    pub(crate) fn publish(&self, report: &Report) {
+    pub(crate) fn publish(&self, report: Report) {
         let now = Instant::now();
-        let departed = self.departed.borrow_mut().update(report, now);
-        let text = super::exposition_with(report, &departed, self.about.as_ref(), self.series);
+        let departed = self.departed.borrow_mut().update(&report, now);
+        let (about, series) = (self.about.clone(), self.series);
+        let render = move || super::exposition_with(&report, &departed, about.as_ref(), series);
         self.served.send_replace(Served {
-            text: text.into(),
+            text: Arc::new(Exposition::new(Box::new(render))),
             refreshed: Some(now),
             failure: None,
         });
@@ -329,5 +382,22 @@ mod tests {
             Settings::stale_after(Duration::from_secs(5)),
             Duration::from_secs(15)
         );
+    }
+
+    /// A refresh's exposition is rendered by the first scrape, once, and not at all when no
+    /// scrape asks for it.
+    #[test]
+    fn an_exposition_is_rendered_once_when_first_scraped() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let renders = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&renders);
+        let exposition = Exposition::new(Box::new(move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            "tap_probe_elapsed_seconds 1\n".to_owned()
+        }));
+        assert_eq!(renders.load(Ordering::Relaxed), 0, "not before a scrape");
+        assert_eq!(exposition.text(), "tap_probe_elapsed_seconds 1\n");
+        assert_eq!(exposition.text(), "tap_probe_elapsed_seconds 1\n");
+        assert_eq!(renders.load(Ordering::Relaxed), 1);
     }
 }
