@@ -17,7 +17,7 @@ use crate::output::lines::{DeviceId, Line, lines};
 use crate::output::notices;
 use crate::output::tui::state::State;
 use tap_probe_common::units::count;
-use tap_probe_observer::host::report::{Report, Value};
+use tap_probe_observer::host::report::{Caveat, Report, Value};
 
 /// The keys, as the footer shows them.
 pub(crate) const FOOTER: &str = "↑↓ select  s/S sort  r reverse  enter detail  ? legend  q quit";
@@ -280,7 +280,7 @@ fn more<'a>(state: &State, line: &Line<'_>, id: &DeviceId, width: usize) -> Vec<
         out.push(TextLine::raw(
             "missed by the kernel: unknown (this kernel does not count them)",
         ));
-    } else if caveats.is_empty() {
+    } else if !caveats.iter().any(|c| matches!(c, Caveat::SkippedRuns(_))) {
         out.push(TextLine::raw("missed by the kernel: nothing"));
     }
     for caveat in &caveats {

@@ -266,6 +266,14 @@ mod tests {
         let text = screen(&state, 100, 36).join("\n");
         assert!(text.contains("missed by the kernel: nothing"), "{text}");
         assert!(!text.contains("MAY BE SHORT"), "{text}");
+        // A device that came and went unnamed is said, and is not a miss.
+        let mut report = state.report.clone();
+        report.gone_unnamed = 1;
+        state.update(report);
+        let text = screen(&state, 100, 36).join("\n");
+        assert!(text.contains("missed by the kernel: nothing"), "{text}");
+        assert!(text.contains("1 device came and went"), "{text}");
+        assert!(!text.contains("MAY BE SHORT"), "{text}");
         let mut report = state.report.clone();
         report.missed = vec![tap_probe_observer::bpf::missed::ProgramMissed {
             program: "xmit_entry".to_owned(),
