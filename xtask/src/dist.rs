@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use serde::Deserialize as _;
+use tap_probe_common::MetricId;
 use tap_probe_guest::{AccelChoice, Image, KernelSpec, Launcher, Series, Verdict, launch};
+use tap_probe_spec::load::LoadNumbers;
 
 use crate::{cmd, vm};
 
@@ -257,11 +260,11 @@ fn check_results(
         .as_array()
         .context("the demo's final object has no rows")?
         .iter()
-        .filter_map(|row| row["consumed"].as_u64())
+        .filter_map(|row| row[MetricId::Consumed.metric().name].as_u64())
         .sum();
-    let read = last["load"]["drain"]["reader"]["packets"]
-        .as_u64()
-        .context("the demo's final object has no load.drain.reader.packets")?;
+    let read = LoadNumbers::deserialize(&last["load"])
+        .context("the demo's final object's load report")?
+        .read_by_reader;
     if consumed == 0 {
         bail!("the probes counted no packet in the guest's demo: {last}");
     }

@@ -98,22 +98,23 @@ pub fn measure(
     if report.interrupted {
         bail!("interrupted");
     }
-    let delivered = report.read_by_reader + report.drained;
-    let lost = report.attempted.saturating_sub(delivered);
+    let n = report.numbers;
+    let delivered = n.read_by_reader + n.drained;
+    let lost = n.attempted.saturating_sub(delivered);
     #[expect(
         clippy::cast_precision_loss,
         reason = "a rate; 52 bits of packet count are plenty"
     )]
-    let lost_per_sec = if report.elapsed_secs > 0.0 {
-        lost as f64 / report.elapsed_secs
+    let lost_per_sec = if n.elapsed_secs > 0.0 {
+        lost as f64 / n.elapsed_secs
     } else {
         0.0
     };
     Ok(Run {
-        delivered_pps: report.delivered_pps,
+        delivered_pps: n.delivered_pps,
         lost_per_sec,
-        ring_drops: report.kernel_tx_dropped,
-        qdisc_drops: report.qdisc_drops.unwrap_or(0),
+        ring_drops: n.kernel_tx_dropped,
+        qdisc_drops: n.qdisc_drops.unwrap_or(0),
     })
 }
 

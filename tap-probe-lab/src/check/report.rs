@@ -14,31 +14,51 @@ use std::fmt::{self, Write as _};
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 
+use tap_probe_common::MetricId;
 use tap_probe_spec::baseline::SavedBaseline;
 use tap_probe_spec::expr::{Expectation, Name};
+use tap_probe_spec::load::LoadNumber;
 use tap_probe_spec::measured::{Measured, MeasuredValue};
 use tap_probe_spec::spec::{Scenario, Traffic};
+
+/// A value a scenario measured, by its table: a number of the load report or a counter of
+/// the watch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Measure {
+    Load(LoadNumber),
+    Counter(MetricId),
+}
+
+impl Measure {
+    /// Its name in [`Measured`] and in an expectation.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Load(id) => id.name(),
+            Self::Counter(id) => id.metric().name,
+        }
+    }
+}
 
 /// The counters that say where a run's packets went, in the order a packet meets them:
 /// the sender, the qdisc, the driver, the reader, the kernel's own device counters. A
 /// failed expectation shows those of them that are not zero, beside the names it uses.
-pub(crate) const PACKET_FATE: &[&str] = &[
-    "attempted",
-    "sent",
-    "enobufs",
-    "qdisc_drops",
-    "qdisc_requeues",
-    "qdisc_backlog",
-    "xmit_calls",
-    "enqueued",
-    "busy",
-    "dropped_full_ring",
-    "dropped_other",
-    "consumed",
-    "read_by_reader",
-    "drained",
-    "kernel_tx_packets",
-    "kernel_tx_dropped",
+pub(crate) const PACKET_FATE: &[Measure] = &[
+    Measure::Load(LoadNumber::Attempted),
+    Measure::Load(LoadNumber::Sent),
+    Measure::Load(LoadNumber::Enobufs),
+    Measure::Load(LoadNumber::QdiscDrops),
+    Measure::Load(LoadNumber::QdiscRequeues),
+    Measure::Load(LoadNumber::QdiscBacklog),
+    Measure::Counter(MetricId::XmitCalls),
+    Measure::Counter(MetricId::Enqueued),
+    Measure::Counter(MetricId::Busy),
+    Measure::Counter(MetricId::DroppedFullRing),
+    Measure::Counter(MetricId::DroppedOther),
+    Measure::Counter(MetricId::Consumed),
+    Measure::Load(LoadNumber::ReadByReader),
+    Measure::Load(LoadNumber::Drained),
+    Measure::Load(LoadNumber::KernelTxPackets),
+    Measure::Load(LoadNumber::KernelTxDropped),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -229,10 +249,11 @@ fn judge(
         Ok(outcome) => {
             let packets = PACKET_FATE
                 .iter()
-                .filter(|name| !values.0.iter().any(|(n, _)| n == *name))
+                .map(|measure| measure.name())
+                .filter(|name| !values.0.iter().any(|(n, _)| n == name))
                 .filter_map(|name| {
                     let value = measured.get(name)?;
-                    (value.as_f64() != 0.0).then(|| ((*name).to_owned(), value))
+                    (value.as_f64() != 0.0).then(|| (name.to_owned(), value))
                 })
                 .collect();
             ExpectationReport {
@@ -446,34 +467,8 @@ impl CheckReport {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::check::run::known_names;
     use tap_probe_spec::spec::Spec;
-
-    /// The names the tests' measurements provide.
-    pub(crate) const KNOWN: &[&str] = &[
-        "xmit_calls",
-        "enqueued",
-        "busy",
-        "dropped_full_ring",
-        "dropped_other",
-        "consumed",
-        "queue_stops",
-        "queue_wakes",
-        "stopped_ns",
-        "reader_sleeps",
-        "kernel_tx_packets",
-        "kernel_tx_dropped",
-        "sent",
-        "attempted",
-        "enobufs",
-        "delivered_pps",
-        "sender_pps",
-        "qdisc_drops",
-        "qdisc_requeues",
-        "read_by_reader",
-        "drained",
-        "elapsed_secs",
-        "stuck",
-    ];
 
     pub(crate) const SPEC: &str = r#"
 [[scenario]]
@@ -492,7 +487,7 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
 "#;
 
     pub(crate) fn spec() -> Spec {
-        Spec::parse(SPEC, KNOWN, None).unwrap()
+        Spec::parse(SPEC, &known_names(), None).unwrap()
     }
 
     /// A tail-dropping run: 50000 sent, 1000 read, 49000 dropped at the full ring. Two
@@ -788,9 +783,9 @@ expect = ["dropped_full_ring == 0", "consumed + qdisc_drops == sent",
 
     #[test]
     fn packet_fate_names_are_measured_names() {
-        let known = crate::check::run::known_names();
-        for name in PACKET_FATE {
-            assert!(known.contains(name), "{name}");
+        let known = known_names();
+        for measure in PACKET_FATE {
+            assert!(known.contains(&measure.name()), "{measure:?}");
         }
     }
 
@@ -819,7 +814,7 @@ packets = 50000
 expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.sent"]
 "#;
         let saved = SavedBaseline::parse(&report().baseline().to_json(), "base.json").unwrap();
-        let spec = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
+        let spec = Spec::parse(text, &known_names(), Some(&saved)).unwrap();
         let mut slower = backpressure();
         slower.insert_real("delivered_pps", 90_000.0).unwrap();
         let judged = ScenarioReport::judged(&spec.scenarios[0], slower, Some(&saved), 1.0);
@@ -837,7 +832,7 @@ expect = ["delivered_pps >= 0.95 * baseline.delivered_pps", "sent == baseline.se
         );
         assert_eq!(judged.expectations[1].verdict, Verdict::Pass);
         // Without the baseline at evaluation the value is missing: an error, not a pass.
-        let spec_without = Spec::parse(text, KNOWN, Some(&saved)).unwrap();
+        let spec_without = Spec::parse(text, &known_names(), Some(&saved)).unwrap();
         let judged = ScenarioReport::judged(&spec_without.scenarios[0], backpressure(), None, 1.0);
         assert_eq!(judged.verdict, Verdict::Error);
     }

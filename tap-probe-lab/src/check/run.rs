@@ -10,14 +10,15 @@ use anyhow::{Context as _, Result, bail};
 use tap_probe_common::{METRICS, Source};
 
 use crate::lab::load::{
-    DeviceIdentity, LoadConfig, LoadReport, Observer, SessionConfig, root_qdisc, run_load_observed,
+    DeviceIdentity, LoadConfig, Observer, SessionConfig, root_qdisc, run_load_observed,
 };
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::{Row, Value};
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::kernel::KernelInfo;
-use tap_probe_spec::measured::Measured;
+use tap_probe_spec::load::LoadNumber;
+use tap_probe_spec::measured::{Measured, MeasuredValue};
 use tap_probe_spec::spec::Traffic;
 
 /// A scenario given only a packet count still ends by then.
@@ -25,8 +26,8 @@ const PACKETS_ONLY_LIMIT: Duration = Duration::from_mins(10);
 
 /// Every name an expectation may use: the watch's per-queue counters and flags (summed over
 /// the tap's queues; a flag counts the queues where it holds), and the load report's
-/// numbers. From the counter table and the load report, so a new counter is usable here
-/// once it is in the table.
+/// numbers. From the counter table and the load report's table, so a new counter or number
+/// is usable here once it is in its table.
 #[must_use]
 pub fn known_names() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = METRICS
@@ -34,67 +35,8 @@ pub fn known_names() -> Vec<&'static str> {
         .filter(|metric| matches!(metric.source, Source::Programs { .. } | Source::QueueState))
         .map(|metric| metric.name)
         .collect();
-    names.extend(load_numbers(&LoadReport::default()).map(|(name, _)| name));
+    names.extend(LoadNumber::ALL.iter().map(|id| id.name()));
     names
-}
-
-/// The load report's numbers, by the names of its JSON; `None` where it measured nothing
-/// (no qdisc counters under noqueue). Every field is named, so a new one cannot be missed.
-fn load_numbers(load: &LoadReport) -> [(&'static str, Option<Number>); 14] {
-    let LoadReport {
-        device: _,
-        reader: _,
-        qdisc: _,
-        tx_queue_len: _,
-        backpressure: _,
-        frame_len: _,
-        sender_threads: _,
-        pps_limit: _,
-        reader_pps_limit: _,
-        attempted,
-        sent,
-        enobufs,
-        read_by_reader,
-        reordered_by_reader,
-        drained,
-        kernel_tx_packets,
-        kernel_tx_dropped,
-        qdisc_drops,
-        qdisc_requeues,
-        qdisc_backlog,
-        elapsed_secs,
-        sender_pps,
-        delivered_pps,
-        interrupted: _,
-        vhost: _,
-    } = load;
-    let count = |n: &u64| Some(Number::Count(*n));
-    [
-        ("attempted", count(attempted)),
-        ("sent", count(sent)),
-        ("enobufs", count(enobufs)),
-        ("read_by_reader", count(read_by_reader)),
-        (
-            "reordered_by_reader",
-            reordered_by_reader.map(Number::Count),
-        ),
-        ("drained", count(drained)),
-        ("kernel_tx_packets", count(kernel_tx_packets)),
-        ("kernel_tx_dropped", count(kernel_tx_dropped)),
-        ("qdisc_drops", qdisc_drops.map(Number::Count)),
-        ("qdisc_requeues", qdisc_requeues.map(Number::Count)),
-        ("qdisc_backlog", qdisc_backlog.map(Number::Count)),
-        ("elapsed_secs", Some(Number::Real(*elapsed_secs))),
-        ("sender_pps", Some(Number::Real(*sender_pps))),
-        ("delivered_pps", Some(Number::Real(*delivered_pps))),
-    ]
-}
-
-/// A number of the load report.
-#[derive(Clone, Copy)]
-enum Number {
-    Count(u64),
-    Real(f64),
 }
 
 /// Runs `traffic` with `stop` ending it early (a signal) and returns what it measured.
@@ -141,10 +83,10 @@ pub fn run(traffic: &Traffic, kernel: &KernelInfo, stop: &Arc<AtomicBool>) -> Re
             }
         }
     }
-    for (name, number) in load_numbers(&load) {
-        match number {
-            Some(Number::Count(n)) => measured.insert_count(name, n),
-            Some(Number::Real(x)) => measured.insert_real(name, x)?,
+    for &id in LoadNumber::ALL {
+        match load.numbers.value(id) {
+            Some(MeasuredValue::Count(n)) => measured.insert_count(id.name(), n),
+            Some(MeasuredValue::Real(x)) => measured.insert_real(id.name(), x)?,
             None => {}
         }
     }
@@ -185,25 +127,29 @@ impl Observer for Watch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::load::LoadReport;
 
+    /// A number put in the load report beside the table's, rather than in it, would be
+    /// neither known to expectations nor read by the benchmarks.
     #[test]
-    fn every_number_of_the_load_report_is_a_known_name() {
+    fn every_number_of_the_load_report_is_in_its_table() {
         let json = serde_json::to_value(LoadReport::default()).expect("serialises");
+        let settings = [
+            "tx_queue_len",
+            "frame_len",
+            "sender_threads",
+            "pps_limit",
+            "reader_pps_limit",
+        ];
         let known = known_names();
         for (field, value) in json.as_object().expect("an object") {
-            let numeric = value.is_number() || (value.is_null() && field.starts_with("qdisc_"));
-            let setting = [
-                "tx_queue_len",
-                "frame_len",
-                "sender_threads",
-                "pps_limit",
-                "reader_pps_limit",
-            ];
-            if numeric && !setting.contains(&field.as_str()) {
+            let numeric = value.is_number() || value.is_null() && field != "vhost";
+            if numeric && !settings.contains(&field.as_str()) {
                 assert!(
-                    known.contains(&field.as_str()),
-                    "{field} is not a known name"
+                    LoadNumber::ALL.iter().any(|id| id.name() == field),
+                    "{field} is not in the load report's table"
                 );
+                assert!(known.contains(&field.as_str()), "{field}");
             }
         }
         assert!(known.contains(&"xmit_calls") && known.contains(&"stopped"));

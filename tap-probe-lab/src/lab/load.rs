@@ -18,6 +18,7 @@ use crate::lab::vhost::{
 use tap_probe_observer::os::netlink::{LinkStats, QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{self, NamedNetns};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
+use tap_probe_spec::load::{LoadNumber, LoadNumbers};
 use tap_probe_spec::traffic::{Qdisc, ReaderKind};
 
 /// The tap's name inside its private namespace.
@@ -404,12 +405,14 @@ fn setup_tap(cfg: &SessionConfig) -> Result<(Tap, Rtnl)> {
     Ok((tap, rtnl))
 }
 
-/// What a `load` run did.
+/// What a `load` run did (and a `demo`'s traffic, in its final JSON): its settings, then
+/// the numbers it measured, which the table of [`LoadNumbers`] declares.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct LoadReport {
     pub(crate) device: DeviceIdentity,
     pub(crate) reader: ReaderKind,
-    pub(crate) qdisc: String,
+    /// The root qdisc's kind, as the kernel names it.
+    pub qdisc: String,
     pub(crate) tx_queue_len: u32,
     /// The tap was opened with `IFF_BACKPRESSURE`.
     pub(crate) backpressure: bool,
@@ -417,48 +420,71 @@ pub struct LoadReport {
     pub(crate) sender_threads: u32,
     pub(crate) pps_limit: Option<u64>,
     pub(crate) reader_pps_limit: Option<u64>,
-    /// Frames given to the kernel.
-    pub(crate) attempted: u64,
-    /// Frames the stack accepted.
-    pub(crate) sent: u64,
-    /// Frames dropped on the way and reported to the sender: by a full qdisc, or by the
-    /// driver where there is none.
-    pub(crate) enobufs: u64,
-    /// Frames the reader took while the sender ran.
-    pub(crate) read_by_reader: u64,
-    /// Frames the `read` reader took out of their flow's order (`FrameOrder`): after a
-    /// later frame of the same sender and flow. `None` for vhost-net, whose frames land in
-    /// buffers the reader does not parse.
-    pub(crate) reordered_by_reader: Option<u64>,
-    /// Frames left in the ring afterwards.
-    pub(crate) drained: u64,
-    /// Change of the tap's `tx_packets` (tun counts a packet when it is read).
-    pub(crate) kernel_tx_packets: u64,
-    /// Change of the tap's `tx_dropped` (ring full, tail drop).
-    pub(crate) kernel_tx_dropped: u64,
-    pub(crate) qdisc_drops: Option<u64>,
-    pub(crate) qdisc_requeues: Option<u64>,
-    /// Packets still in the qdisc after the drain: held by a queue that stayed stopped (a
-    /// reader that never woke it), as the qdisc's `qlen` reports them.
-    pub(crate) qdisc_backlog: Option<u64>,
-    /// Seconds spent sending.
-    pub elapsed_secs: f64,
-    /// `sent / elapsed`.
-    pub(crate) sender_pps: f64,
-    /// `read_by_reader / elapsed`: what the "VM" got.
-    pub(crate) delivered_pps: f64,
+    #[serde(flatten)]
+    pub numbers: LoadNumbers,
     pub interrupted: bool,
     /// The vhost-net reader's own totals (`--reader vhost`): frames, buffers, kicks, waits.
     pub(crate) vhost: Option<VhostCounters>,
 }
 
 impl LoadReport {
-    /// The report as `(name, value)` pairs, in the order a reader wants them (the binary
+    /// The report of a session's run: `cfg` as it ran, what its senders sent and what its
+    /// drain found.
+    #[must_use]
+    pub fn of_run(
+        session: &LoadSession,
+        cfg: &LoadConfig,
+        sent: &SendReport,
+        drained: &DrainReport,
+        interrupted: bool,
+    ) -> Self {
+        let secs = sent.elapsed.as_secs_f64();
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a rate; 52 bits of packet count are plenty"
+        )]
+        let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+        Self {
+            device: session.device().clone(),
+            reader: cfg.session.reader,
+            qdisc: drained
+                .qdisc
+                .as_ref()
+                .map_or_else(|| session.qdisc_kind.clone(), |q| q.kind.clone()),
+            tx_queue_len: session.tx_queue_len,
+            backpressure: cfg.session.backpressure,
+            frame_len: cfg.frame_len,
+            sender_threads: cfg.sender_threads,
+            pps_limit: cfg.pps,
+            reader_pps_limit: cfg.session.reader_pps,
+            numbers: LoadNumbers {
+                attempted: sent.attempted,
+                sent: sent.sent,
+                enobufs: sent.enobufs,
+                read_by_reader: drained.reader.packets,
+                reordered_by_reader: (cfg.session.reader == ReaderKind::Read)
+                    .then_some(drained.reader.reordered),
+                drained: drained.drained,
+                kernel_tx_packets: drained.link.tx_packets,
+                kernel_tx_dropped: drained.link.tx_dropped,
+                qdisc_drops: drained.qdisc.as_ref().map(|q| q.drops),
+                qdisc_requeues: drained.qdisc.as_ref().map(|q| q.requeues),
+                qdisc_backlog: drained.qdisc.as_ref().map(|q| u64::from(q.qlen)),
+                elapsed_secs: secs,
+                sender_pps: per_sec(sent.sent),
+                delivered_pps: per_sec(drained.reader.packets),
+            },
+            interrupted,
+            vhost: drained.vhost,
+        }
+    }
+
+    /// The report as `(label, value)` pairs, in the order a reader wants them (the binary
     /// aligns them into a table).
     #[must_use]
     pub fn fields(&self) -> Vec<(&'static str, String)> {
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-        vec![
+        let mut fields = vec![
             (
                 "device",
                 format!(
@@ -483,25 +509,13 @@ impl LoadReport {
             ("sender threads", self.sender_threads.to_string()),
             ("pps limit", opt(self.pps_limit)),
             ("reader pps limit", opt(self.reader_pps_limit)),
-            ("attempted", self.attempted.to_string()),
-            ("sent", self.sent.to_string()),
-            ("enobufs", self.enobufs.to_string()),
-            ("read by reader", self.read_by_reader.to_string()),
-            (
-                "reordered (reader)",
-                self.reordered_by_reader
-                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
-            ),
-            ("drained after", self.drained.to_string()),
-            ("kernel tx_packets", self.kernel_tx_packets.to_string()),
-            ("kernel tx_dropped", self.kernel_tx_dropped.to_string()),
-            ("qdisc drops", opt(self.qdisc_drops)),
-            ("qdisc requeues", opt(self.qdisc_requeues)),
-            ("qdisc backlog", opt(self.qdisc_backlog)),
-            ("elapsed", format!("{:.3} s", self.elapsed_secs)),
-            ("sender pps", format!("{:.0}", self.sender_pps)),
-            ("delivered pps", format!("{:.0}", self.delivered_pps)),
-        ]
+        ];
+        fields.extend(
+            LoadNumber::ALL
+                .iter()
+                .map(|&id| (id.label(), self.numbers.shown(id))),
+        );
+        fields
     }
 }
 
@@ -563,43 +577,13 @@ pub(crate) fn run_load_observed(
     };
     let drained = session.drain()?;
     observer.finished()?;
-    let secs = sent.elapsed.as_secs_f64();
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "a rate; 52 bits of packet count are plenty"
-    )]
-    let per_sec = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-    Ok(LoadReport {
-        device: session.device().clone(),
-        reader: cfg.session.reader,
-        qdisc: drained
-            .qdisc
-            .as_ref()
-            .map_or_else(|| session.qdisc_kind.clone(), |q| q.kind.clone()),
-        tx_queue_len: session.tx_queue_len,
-        backpressure: cfg.session.backpressure,
-        frame_len: cfg.frame_len,
-        sender_threads: cfg.sender_threads,
-        pps_limit: cfg.pps,
-        reader_pps_limit: cfg.session.reader_pps,
-        attempted: sent.attempted,
-        sent: sent.sent,
-        enobufs: sent.enobufs,
-        read_by_reader: drained.reader.packets,
-        reordered_by_reader: (cfg.session.reader == ReaderKind::Read)
-            .then_some(drained.reader.reordered),
-        drained: drained.drained,
-        kernel_tx_packets: drained.link.tx_packets,
-        kernel_tx_dropped: drained.link.tx_dropped,
-        qdisc_drops: drained.qdisc.as_ref().map(|q| q.drops),
-        qdisc_requeues: drained.qdisc.as_ref().map(|q| q.requeues),
-        qdisc_backlog: drained.qdisc.as_ref().map(|q| u64::from(q.qlen)),
-        elapsed_secs: secs,
-        sender_pps: per_sec(sent.sent),
-        delivered_pps: per_sec(drained.reader.packets),
-        interrupted: stop.load(Ordering::Relaxed),
-        vhost: drained.vhost,
-    })
+    Ok(LoadReport::of_run(
+        &session,
+        cfg,
+        &sent,
+        &drained,
+        stop.load(Ordering::Relaxed),
+    ))
 }
 
 /// Sends `cfg.packets` through the session's tap from `cfg.sender_threads` threads at once,
@@ -684,15 +668,17 @@ mod privileged_tests {
         let report = run_load_with_stop(&cfg, &Arc::new(AtomicBool::new(false))).unwrap();
         println!("{report:#?}");
         assert!(!report.device.netns_path.exists(), "namespace left behind");
-        assert!(report.sent > 0);
+        assert!(report.numbers.sent > 0);
         // tun counts tx_packets when the reader takes a packet: nothing else reads.
         assert_eq!(
-            report.kernel_tx_packets,
-            report.read_by_reader + report.drained
+            report.numbers.kernel_tx_packets,
+            report.numbers.read_by_reader + report.numbers.drained
         );
         assert_eq!(
-            report.attempted,
-            report.kernel_tx_packets + report.kernel_tx_dropped + report.qdisc_drops.unwrap(),
+            report.numbers.attempted,
+            report.numbers.kernel_tx_packets
+                + report.numbers.kernel_tx_dropped
+                + report.numbers.qdisc_drops.unwrap(),
             "every frame taken, dropped at the ring or by the qdisc: {report:?}"
         );
     }
@@ -725,27 +711,27 @@ mod privileged_tests {
         );
         assert_eq!(report.qdisc, "pfifo");
         assert_eq!(report.tx_queue_len, 100);
-        let qdisc_drops = report.qdisc_drops.unwrap();
+        let qdisc_drops = report.numbers.qdisc_drops.unwrap();
         // The ring (100) plus a 2000 pps reader cannot take 20000 pps: most frames drop.
         let dropped = if stops {
-            assert_eq!(report.kernel_tx_dropped, 0, "{report:?}");
+            assert_eq!(report.numbers.kernel_tx_dropped, 0, "{report:?}");
             qdisc_drops
         } else {
             assert_eq!(qdisc_drops, 0, "{report:?}");
-            report.kernel_tx_dropped
+            report.numbers.kernel_tx_dropped
         };
-        assert!(dropped > report.attempted / 2, "{report:?}");
-        assert!(report.read_by_reader <= 2_500, "{report:?}");
+        assert!(dropped > report.numbers.attempted / 2, "{report:?}");
+        assert!(report.numbers.read_by_reader <= 2_500, "{report:?}");
         // The pacer never exceeds the rate (a loaded machine may fall short of it).
-        assert!(report.sender_pps <= 21_000.0, "{report:?}");
+        assert!(report.numbers.sender_pps <= 21_000.0, "{report:?}");
         assert_eq!(
-            report.attempted,
-            report.kernel_tx_packets + report.kernel_tx_dropped + qdisc_drops
+            report.numbers.attempted,
+            report.numbers.kernel_tx_packets + report.numbers.kernel_tx_dropped + qdisc_drops
         );
         // Drops at the qdisc's limit are the sender's ENOBUFS, and so are the ring's when
         // nothing else would report them.
         if stops {
-            assert_eq!(report.enobufs, qdisc_drops, "{report:?}");
+            assert_eq!(report.numbers.enobufs, qdisc_drops, "{report:?}");
         }
     }
 
@@ -787,10 +773,10 @@ mod privileged_tests {
         } else {
             let report = result.unwrap();
             assert!(report.backpressure);
-            assert_eq!(report.kernel_tx_dropped, 0, "{report:?}");
+            assert_eq!(report.numbers.kernel_tx_dropped, 0, "{report:?}");
             assert_eq!(
-                report.attempted,
-                report.kernel_tx_packets + report.qdisc_drops.unwrap()
+                report.numbers.attempted,
+                report.numbers.kernel_tx_packets + report.numbers.qdisc_drops.unwrap()
             );
         }
     }

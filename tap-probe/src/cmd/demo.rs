@@ -8,8 +8,8 @@ use anyhow::{anyhow, bail};
 
 use crate::output;
 use crate::output::Format;
-use tap_probe_lab::lab::load::{DrainReport, LoadSession, SessionConfig, root_qdisc};
-use tap_probe_lab::lab::traffic::{SendReport, SenderConfig};
+use tap_probe_lab::lab::load::{LoadConfig, LoadReport, LoadSession, SessionConfig, root_qdisc};
+use tap_probe_lab::lab::traffic::SenderConfig;
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::Row;
@@ -89,8 +89,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         reason = "pps and duration are bounded by their parsers"
     )]
     let count = (args.pps as f64 * args.duration.as_secs_f64()).ceil() as u64;
-    let sender_cfg = SenderConfig {
+    let load_cfg = LoadConfig {
+        session: session_cfg,
+        packets: count,
+        duration: args.duration,
         pps: Some(args.pps),
+        ..LoadConfig::default()
+    };
+    let sender_cfg = SenderConfig {
+        pps: load_cfg.pps,
+        frame_len: load_cfg.frame_len,
+        batch: load_cfg.batch,
         ..SenderConfig::new(0, count, args.duration)
     };
     let sent = std::thread::scope(|scope| -> anyhow::Result<_> {
@@ -118,11 +127,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     if args.program_stats {
         last.programs = Some(watcher.program_stats());
     }
-    let load = DemoLoad {
-        backpressure: args.backpressure,
-        sender: sent,
-        drain: drained,
-    };
+    let load = LoadReport::of_run(&session, &load_cfg, &sent, &drained, stop.stopped());
     match args.format {
         Format::Json => output::stdout(&output::json::json_line_with(
             &last,
@@ -141,7 +146,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         bail!(
             "the demo was cut short after {:.1} s of its {} s; the figures above cover the \
              traffic until then, and the namespace, the tap and the probes were removed",
-            load.sender.elapsed.as_secs_f64(),
+            load.numbers.elapsed_secs,
             args.duration.as_secs_f64()
         );
     }
@@ -166,51 +171,38 @@ fn banner(args: &Args, tap: &str, netns: &str) -> String {
     )
 }
 
-/// What the demo's traffic did, by the sender's and the kernel's own counts: the `load`
-/// object of the final JSON.
-#[derive(Debug, serde::Serialize)]
-struct DemoLoad {
-    /// Whether the tap was opened with `IFF_BACKPRESSURE`.
-    backpressure: bool,
-    /// Frames handed to the stack, accepted, and dropped on the way (`enobufs`).
-    sender: SendReport,
-    /// The reader, the drain after it, the tap's own counters and the qdisc's (drops and
-    /// requeues among them).
-    drain: DrainReport,
-}
-
 /// A few sentences on what the counters showed, checked against the kernel's own.
-fn explain(row: &Row, load: &DemoLoad) -> String {
+fn explain(row: &Row, load: &LoadReport) -> String {
     let check = |ours: u64, kernel: u64| if ours == kernel { "equal" } else { "DIFFERENT" };
-    let link = &load.drain.link;
+    let n = &load.numbers;
     let c = &row.counters;
     let mut text = format!(
         "\nThe sender handed {} packets to the stack ({} dropped on the way); the driver was \
          called {} times. The reader took {} packets (kernel tx_packets: {}, {}); {} were \
          dropped because the ring was full (kernel tx_dropped: {}, {}).",
-        load.sender.attempted,
-        load.sender.enobufs,
+        n.attempted,
+        n.enobufs,
         c.xmit_calls,
         c.consumed,
-        link.tx_packets,
-        check(c.consumed, link.tx_packets),
+        n.kernel_tx_packets,
+        check(c.consumed, n.kernel_tx_packets),
         c.dropped_full_ring,
-        link.tx_dropped,
-        check(c.dropped_full_ring, link.tx_dropped),
+        n.kernel_tx_dropped,
+        check(c.dropped_full_ring, n.kernel_tx_dropped),
     );
-    if let Some(qdisc) = &load.drain.qdisc {
+    if let (Some(requeues), Some(drops)) = (n.qdisc_requeues, n.qdisc_drops) {
         let _ = write!(
             text,
             " The queue stopped {} times and woke {} times; the qdisc ({}) put back {} packets \
              (busy {} + requeued while stopped {}: {}) and dropped {}.",
             c.queue_stops,
             c.queue_wakes,
-            qdisc.kind,
-            qdisc.requeues,
+            load.qdisc,
+            requeues,
             c.busy,
             c.requeued_stopped,
-            check(c.busy + c.requeued_stopped, qdisc.requeues),
-            qdisc.drops,
+            check(c.busy + c.requeued_stopped, requeues),
+            drops,
         );
     }
     text.push_str(match row.backpressure {

@@ -132,7 +132,7 @@ pub(crate) fn run(args: &Args) -> Result<()> {
         format!(
             "the load was cut short after {:.1} s of traffic: the report above covers it \
              (`interrupted` in JSON); the namespace and the tap were removed",
-            report.elapsed_secs
+            report.numbers.elapsed_secs
         )
     });
     print_report(args.format, &report, report.fields(), cut_short)

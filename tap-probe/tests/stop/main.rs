@@ -429,11 +429,7 @@ impl Commands {
             .pop()
             .unwrap_or_else(|| panic!("{}", demo.said()));
         assert_eq!(last["final"], true, "{}", demo.said());
-        assert!(
-            last["load"]["sender"]["sent"].as_u64() > Some(0),
-            "{}",
-            demo.said()
-        );
+        assert!(last["load"]["sent"].as_u64() > Some(0), "{}", demo.said());
         assert!(demo.errors().contains("cut short"), "{}", demo.said());
         let report: serde_json::Value = serde_json::from_str(&check.output())
             .unwrap_or_else(|err| panic!("{err}: {}", check.said()));

@@ -14,10 +14,15 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tap_probe_spec::load::{LoadNumber, LoadNumbers};
 
 use super::ab::{Measure, Status};
-use super::{Proc, WATCH_INTERVAL, WATCH_LOAD_ARGS, create, load, number, watched_xmit_calls};
+use super::stream::StreamReport;
+use super::{
+    Proc, WATCH_INTERVAL, WATCH_LOAD_ARGS, create, load, load_numbers, watched_xmit_calls,
+};
 use crate::cmd;
+use tap_probe_common::MetricId;
 
 /// The events tap-probe's host backend counts, counted the simplest way bpftrace can.
 pub(crate) const BPFTRACE_PROGRAM: &str = "tracepoint:net:net_dev_start_xmit, \
@@ -28,7 +33,7 @@ pub(crate) const BPFTRACE_PROGRAM: &str = "tracepoint:net:net_dev_start_xmit, \
 const BPFTRACE_ATTACH_WAIT: Duration = Duration::from_secs(10);
 
 /// The load's report field read as throughput.
-pub(crate) const THROUGHPUT: &str = "delivered_pps";
+pub(crate) const THROUGHPUT: &str = LoadNumber::DeliveredPps.name();
 
 /// What runs beside the load.
 #[derive(Clone, Copy, Debug)]
@@ -94,17 +99,17 @@ pub(crate) fn measures() -> [Measure<Measured>; 5] {
             digits: 0,
         },
         Measure {
-            name: "sender_pps",
+            name: LoadNumber::SenderPps.name(),
             value: |m| m.sender_pps,
             digits: 0,
         },
         Measure {
-            name: "sent",
+            name: LoadNumber::Sent.name(),
             value: |m| m.sent.map(|n| n as f64),
             digits: 0,
         },
         Measure {
-            name: "xmit_calls",
+            name: MetricId::XmitCalls.metric().name,
             value: |m| m.xmit_calls.map(|n| n as f64),
             digits: 0,
         },
@@ -155,7 +160,10 @@ pub(crate) fn run(
     if let Some(observer) = observer {
         observer.stop()?;
     }
-    let sent = report.get("sent").and_then(Value::as_u64);
+    let throughput = match traffic {
+        Traffic::Tap => load_numbers(&report).map(Throughput::from),
+        Traffic::Other => StreamReport::deserialize(&report).map(Throughput::from),
+    };
     let watched = matches!(probe, Probe::Watch(_));
     let lines = watched.then(|| watch_lines(&watch_out)).transpose()?;
     let xmit_calls = lines.as_deref().map(watched_xmit_calls);
@@ -165,36 +173,75 @@ pub(crate) fn run(
         .rev()
         .find_map(|line| line.get("programs"))
         .cloned();
-    // The load's tap is watched and every driver call on it must be counted (a probe that
-    // counted less would look cheaper than it is); the other traffic is not watched.
-    let expected = match traffic {
-        Traffic::Tap => sent,
-        Traffic::Other => Some(0),
+    let status = match (&throughput, xmit_calls) {
+        (Err(err), _) => Status::Failed(format!("the traffic's report: {err}")),
+        (Ok(t), Some(counted)) => {
+            // The load's tap is watched and every driver call on it must be counted (a
+            // probe that counted less would look cheaper than it is); the other traffic is
+            // not watched.
+            let expected = match traffic {
+                Traffic::Tap => t.sent,
+                Traffic::Other => 0,
+            };
+            if counted == expected {
+                Status::Valid
+            } else {
+                Status::Invalid(format!(
+                    "tap-probe watch counted {counted} driver calls on the load's tap \
+                     ({expected} expected; {} sent): the probe did not watch the run as it \
+                     should ({})",
+                    t.sent,
+                    watch_out.display()
+                ))
+            }
+        }
+        (Ok(_), None) => Status::Valid,
     };
-    let status = match (number(&report, THROUGHPUT), sent, xmit_calls) {
-        (None, _, _) | (_, None, _) => Status::Failed(format!(
-            "the traffic's report has no `{THROUGHPUT}` or `sent`"
-        )),
-        (_, Some(sent), Some(counted)) if Some(counted) != expected => Status::Invalid(format!(
-            "tap-probe watch counted {counted} driver calls on the load's tap ({} \
-                 expected; {sent} sent): the probe did not watch the run as it should ({})",
-            expected.unwrap_or(0),
-            watch_out.display()
-        )),
-        _ => Status::Valid,
-    };
+    let throughput = throughput.ok();
     Ok((
         status,
         Measured {
-            delivered_pps: number(&report, THROUGHPUT),
-            sender_pps: number(&report, "sender_pps"),
-            sent,
-            elapsed_s: number(&report, "elapsed_secs"),
+            delivered_pps: throughput.map(|t| t.delivered_pps),
+            sender_pps: throughput.map(|t| t.sender_pps),
+            sent: throughput.map(|t| t.sent),
+            elapsed_s: throughput.map(|t| t.elapsed_secs),
             xmit_calls,
             programs,
             report,
         },
     ))
+}
+
+/// What a run's traffic did, from its report: a `tap-probe load`'s numbers or the other
+/// traffic's stream.
+#[derive(Clone, Copy, Debug)]
+struct Throughput {
+    sent: u64,
+    elapsed_secs: f64,
+    sender_pps: f64,
+    delivered_pps: f64,
+}
+
+impl From<LoadNumbers> for Throughput {
+    fn from(n: LoadNumbers) -> Self {
+        Self {
+            sent: n.sent,
+            elapsed_secs: n.elapsed_secs,
+            sender_pps: n.sender_pps,
+            delivered_pps: n.delivered_pps,
+        }
+    }
+}
+
+impl From<StreamReport> for Throughput {
+    fn from(s: StreamReport) -> Self {
+        Self {
+            sent: s.sent,
+            elapsed_secs: s.elapsed_secs,
+            sender_pps: s.sender_pps,
+            delivered_pps: s.delivered_pps,
+        }
+    }
 }
 
 /// The watch's JSON lines.

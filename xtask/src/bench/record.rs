@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 use serde_json::Value;
+use tap_probe_spec::load::LoadNumber;
 use tap_probe_trace::{EventKind, TraceReader};
 
 use super::ab::{Goal, Measure, Results, Schedule, Status};
-use super::{LOAD_NETNS_GLOB, Proc, create, default_out, load, number, runs_dir};
+use super::{LOAD_NETNS_GLOB, Proc, create, default_out, load, load_numbers, runs_dir};
 use crate::cmd;
 
 /// Seconds the load waits before sending; `record --wait` tracks its tap within one poll
@@ -36,7 +37,7 @@ const ATTACHED_LINE: &str = "attached; waiting for a device";
 const RECORD_ATTACH_WAIT: Duration = Duration::from_secs(30);
 
 /// The load's report field read as throughput.
-const THROUGHPUT: &str = "delivered_pps";
+const THROUGHPUT: &str = LoadNumber::DeliveredPps.name();
 
 /// Goal: recording keeps at least this share of the throughput the hooks leave with nothing
 /// in them (B/F).
@@ -245,8 +246,7 @@ fn run_once(
     if let Some(floor) = floor {
         floor.stop()?;
     }
-    let sent = report.get("sent").and_then(Value::as_u64);
-    let elapsed_s = number(&report, "elapsed_secs");
+    let numbers = load_numbers(&report);
     let trailer = match variant {
         Variant::ProbeOff | Variant::Floor => None,
         Variant::Record => {
@@ -257,28 +257,27 @@ fn run_once(
             Some(trailer)
         }
     };
-    let status = match (number(&report, THROUGHPUT), sent, &trailer) {
-        (None, _, _) | (_, None, _) => {
-            Status::Failed(format!("the load's report has no `{THROUGHPUT}` or `sent`"))
-        }
-        (_, Some(sent), Some(t)) if !complete(t, sent) => Status::Invalid(format!(
+    let status = match (&numbers, &trailer) {
+        (Err(err), _) => Status::Failed(format!("the load's report: {err}")),
+        (Ok(n), Some(t)) if !complete(t, n.sent) => Status::Invalid(format!(
             "the recording holds {} enqueued + ring-full events ({} lost), the load sent \
-             {sent}: it did not record the whole run",
-            t.driver_calls, t.lost
+             {}: it did not record the whole run",
+            t.driver_calls, t.lost, n.sent
         )),
         _ => Status::Valid,
     };
+    let numbers = numbers.ok();
     #[expect(clippy::cast_precision_loss, reason = "event counts far below 2^52")]
     let events_per_s = trailer
         .as_ref()
-        .zip(elapsed_s)
-        .map(|(t, secs)| t.events as f64 / secs.max(f64::MIN_POSITIVE));
+        .zip(numbers)
+        .map(|(t, n)| t.events as f64 / n.elapsed_secs.max(f64::MIN_POSITIVE));
     Ok((
         status,
         Measured {
-            delivered_pps: number(&report, THROUGHPUT),
-            sent,
-            elapsed_s,
+            delivered_pps: numbers.map(|n| n.delivered_pps),
+            sent: numbers.map(|n| n.sent),
+            elapsed_s: numbers.map(|n| n.elapsed_secs),
             events_per_s,
             trailer,
             report,

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
 
 use super::{Proc, create, read_report};
 use crate::cmd;
@@ -54,8 +55,20 @@ pub(crate) fn run(dir: &Path, tag: &str, duration: u32) -> anyhow::Result<serde_
     read_report(&report)
 }
 
+/// What the stream did, as `bench-stream` prints it and the benchmark reads it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub(crate) struct StreamReport {
+    /// Datagrams the sender's socket took.
+    pub(crate) sent: u64,
+    /// Datagrams the receiver read.
+    pub(crate) delivered: u64,
+    pub(crate) elapsed_secs: f64,
+    pub(crate) sender_pps: f64,
+    pub(crate) delivered_pps: f64,
+}
+
 /// Sends datagrams from one socket to another over `lo` for `args.duration` seconds and
-/// prints `{"sent", "delivered", "elapsed_secs", "sender_pps", "delivered_pps"}`.
+/// prints a [`StreamReport`].
 ///
 /// # Errors
 /// When `lo` cannot be brought up or a socket cannot be made.
@@ -104,13 +117,13 @@ pub(crate) fn stream(args: &Args) -> anyhow::Result<()> {
     let delivered = reader
         .join()
         .map_err(|_| anyhow::anyhow!("the receiver panicked"))?;
-    let report = serde_json::json!({
-        "sent": sent,
-        "delivered": delivered,
-        "elapsed_secs": elapsed,
-        "sender_pps": sent as f64 / elapsed,
-        "delivered_pps": delivered as f64 / elapsed,
-    });
-    println!("{report}");
+    let report = StreamReport {
+        sent,
+        delivered,
+        elapsed_secs: elapsed,
+        sender_pps: sent as f64 / elapsed,
+        delivered_pps: delivered as f64 / elapsed,
+    };
+    println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
