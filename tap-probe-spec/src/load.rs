@@ -1,5 +1,5 @@
 //! The numbers a run of traffic through a tap measured (`tap-probe load`, `demo`, a scenario
-//! of `check`), declared once in [`load_numbers!`]'s table: each number's JSON name, its
+//! of `check`), declared once in the table of `load_numbers!`: each number's JSON name, its
 //! label in `load`'s table, how it is shown and its documentation. The table generates the
 //! report's fields ([`LoadNumbers`], which the lab's report flattens into its JSON and the
 //! benchmarks read back), their typed ids ([`LoadNumber`]), which are also the names an
