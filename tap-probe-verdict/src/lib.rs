@@ -11,11 +11,57 @@
 //! xtask reads the same type back, so an oracle or a field renamed on one side fails to
 //! compile on the other, and no spelling of a line has to be parsed by hand. (The shape is
 //! Retis's: one events crate shared by every writer and reader of events.)
+//!
+//! Each test runs as a process of its own, so everything it prints is its own, and how it
+//! ended is the process's: a [`Verdict`], which a guest's init prints after each test as a
+//! JSON line after [`VERDICT_PREFIX`] and xtask makes itself on the host. Nothing reads
+//! libtest's own report of the run.
 
 use serde::{Deserialize, Serialize};
 
 /// What starts a tally's line in a test's output.
 pub const PREFIX: &str = "oracle: ";
+
+/// What starts a verdict's line in a guest's console.
+pub const VERDICT_PREFIX: &str = "verdict: ";
+
+/// How one test's process ended. In a guest its times are the guest's uptime, on the host
+/// seconds since the stage began.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verdict {
+    /// Its test binary, as the summary labels it (`exactness`, `tap_probe_lab-lib`).
+    pub binary: String,
+    /// The test, as `--list` names it (`module::name`).
+    pub test: String,
+    /// Its exit status (a signal's as a shell gives it, 128 + N): 0 when it passed.
+    pub exit: i32,
+    /// Ended by the runner for running too long.
+    pub timed_out: bool,
+    pub started_s: f64,
+    pub ended_s: f64,
+}
+
+impl Verdict {
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.exit == 0 && !self.timed_out
+    }
+
+    /// Seconds it ran.
+    #[must_use]
+    pub fn secs(&self) -> f64 {
+        self.ended_s - self.started_s
+    }
+
+    /// A verdict from its JSON (the part of a line after [`VERDICT_PREFIX`]).
+    ///
+    /// # Errors
+    /// If it is not a verdict's JSON.
+    pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+}
 
 /// A witness that is not tap-probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -181,6 +227,17 @@ mod tests {
             let json = serde_json::to_string(&oracle).unwrap();
             assert_eq!(json, format!("\"{}\"", oracle.name()));
         }
+    }
+
+    /// The line a guest's init prints (`xtask/src/vm/payload.rs`, by `printf`) reads as a
+    /// verdict, uptimes and all.
+    #[test]
+    fn a_verdict_reads_from_the_inits_line() {
+        let line = r#"{"binary":"ring","test":"a::b","exit":101,"timed_out":false,"started_s":12.50,"ended_s":20.75}"#;
+        let verdict = Verdict::parse(line).unwrap();
+        assert_eq!(verdict.test, "a::b");
+        assert!(!verdict.passed());
+        assert!((verdict.secs() - 8.25).abs() < 1e-9);
     }
 
     #[test]

@@ -304,23 +304,23 @@ may = true
     fn a_run_as_expected_has_no_problems() {
         let expected = Expected::parse(FILE_TEXT).unwrap();
         let host = expected.of(HOST, "6.18.44-x").unwrap();
-        let mut lines = vec!["---- kprobe stdout ----".to_owned()];
-        lines.push("skipping test - this kernel has no kprobes".to_owned());
+        let mut said = read(
+            "misses::kprobe",
+            &["skipping test - this kernel has no kprobes"],
+        );
         // What the whole kernel lacks, in any test.
-        lines.push("---- other stdout ----".to_owned());
-        lines.push("skipping backend Kprobe - no kprobes here".to_owned());
-        lines.extend(all_required("tracepoint"));
-        let said = read("misses", &lines);
+        let mut other = vec!["skipping backend Kprobe - no kprobes here".to_owned()];
+        other.extend(all_required("tracepoint"));
+        said.extend(read("misses::other", &other));
         // A skip that may happen is not required...
         assert_eq!(host.problems(&said), Vec::<String>::new());
         // ...and allowed where it does.
-        let mut with_may = lines.clone();
-        with_may.push("---- busy stdout ----".to_owned());
-        with_may.push("skipping part - fewer requeues than 50000".to_owned());
-        assert_eq!(
-            host.problems(&read("misses", &with_may)),
-            Vec::<String>::new()
-        );
+        let mut with_may = said.clone();
+        with_may.extend(read(
+            "misses::busy",
+            &["skipping part - fewer requeues than 50000"],
+        ));
+        assert_eq!(host.problems(&with_may), Vec::<String>::new());
         let summary = tally_lines(&said);
         assert!(summary.contains("exact checks: 14"), "{summary}");
         assert!(summary.contains("gated off: 0"), "{summary}");
@@ -331,8 +331,7 @@ may = true
         let expected = Expected::parse(FILE_TEXT).unwrap();
         assert!(expected.of(HOST, "6.1.0").is_err(), "another host kernel");
         let host = expected.of(HOST, "6.18.1").unwrap();
-        let mut lines = vec!["---- other stdout ----".to_owned()];
-        lines.push("skipping test - no fq_codel".to_owned());
+        let mut lines = vec!["skipping test - no fq_codel".to_owned()];
         lines.push("skipping backend Kprobe - no kprobes here".to_owned());
         lines.extend(all_required("tracepoint").into_iter().skip(1));
         lines.push(
@@ -349,7 +348,7 @@ may = true
             }
             .line(),
         );
-        let problems = host.problems(&read("misses", &lines));
+        let problems = host.problems(&read("misses::other", &lines));
         assert_eq!(problems.len(), 4, "{problems:#?}");
         assert!(problems[0].contains("does not expect: misses::other"));
         assert!(problems[1].contains("did not happen: misses::kprobe"));

@@ -1,12 +1,13 @@
-//! What the tests said, read from libtest's output. Run with `--show-output`, libtest prints
-//! each passed test's output under a `---- NAME stdout ----` header, so every line below
-//! can be named by its test:
+//! What a test said, read from its own process's output: each test runs alone (on the host
+//! and in a guest), so every line it printed is its own, and nothing of libtest's report
+//! around it is read. The lines kept:
 //! - `skipping ...`: the test (or a part of it) cannot run here and says why;
 //! - `retrying - ...`: the test ran its scenario again, and why;
 //! - `oracle: {...}`: the checks it made against an oracle, a [`tap_probe_verdict::Tally`]
 //!   in JSON (see `tap-probe/tests/common/oracle.rs`);
-//! - `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the message's first lines, in a
-//!   failed test's output: where and why it failed, for the last line of a failed run.
+//! - the standard panic hook's `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the
+//!   message's first lines, in a failed test's output: where and why it failed, for the
+//!   last line of a failed run.
 
 use std::fmt;
 
@@ -61,32 +62,15 @@ impl Output {
     }
 }
 
-/// What the tests of `binary` said in `lines`, its libtest output. A line outside any
-/// test's output (none is expected) is kept under the test name `?`, so it is not lost.
-pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
-    let mut test: Option<&str> = None;
+/// What the test `test` (`BINARY::TEST`) said in `lines`, its process's output.
+pub(crate) fn read<S: AsRef<str>>(test: &str, lines: &[S]) -> Output {
     let mut out = Output::default();
     let mut lines = lines.iter().map(AsRef::as_ref).peekable();
+    let said = |line: &str| Said {
+        test: test.to_owned(),
+        line: line.trim().to_owned(),
+    };
     while let Some(line) = lines.next() {
-        if let Some(name) = line
-            .strip_prefix("---- ")
-            .and_then(|rest| rest.strip_suffix(" stdout ----"))
-        {
-            test = Some(name);
-            continue;
-        }
-        if line.starts_with("test result: ")
-            || line == "successes:"
-            || line == "failures:"
-            || line.starts_with("running ")
-        {
-            test = None;
-            continue;
-        }
-        let said = || Said {
-            test: format!("{binary}::{}", test.unwrap_or("?")),
-            line: line.trim().to_owned(),
-        };
         let trimmed = line.trim_start();
         if let Some(at) = panicked_at(trimmed) {
             // The message's first lines (an assert_eq's left and right), each cut short.
@@ -98,22 +82,22 @@ pub(crate) fn read<S: AsRef<str>>(binary: &str, lines: &[S]) -> Output {
                 message.push(next.trim().chars().take(PANIC_LINE_CHARS).collect());
             }
             out.panics.push(Said {
-                test: said().test,
+                test: test.to_owned(),
                 line: message.join(" "),
             });
         } else if trimmed.starts_with("skipping") {
-            out.skips.push(said());
+            out.skips.push(said(line));
         } else if trimmed.starts_with("retrying") {
-            out.retries.push(said());
+            out.retries.push(said(line));
         } else if let Some(json) = trimmed.strip_prefix(tap_probe_verdict::PREFIX) {
             match tap_probe_verdict::Tally::parse(json) {
                 Ok(checks) => out.tallies.push(Tally {
-                    test: said().test,
+                    test: test.to_owned(),
                     checks,
                 }),
                 Err(e) => out.malformed.push(Said {
-                    line: format!("{}: {e}", said().line),
-                    ..said()
+                    line: format!("{}: {e}", line.trim()),
+                    test: test.to_owned(),
                 }),
             }
         }
@@ -148,17 +132,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lines_are_named_by_the_test_that_printed_them() {
+    fn a_tests_lines_are_its_own() {
         let lines = [
-            "running 3 tests",
-            "test a ... ok",
+            "running 1 test",
             "test b ... ok",
-            "test c ... ok",
-            "",
-            "successes:",
-            "",
-            "---- a stdout ----",
-            "skipping test - fq_codel: no such qdisc",
             "---- b stdout ----",
             "kernel tx_dropped 3",
             "skipping backend Kprobe - no kprobes",
@@ -168,19 +145,13 @@ mod tests {
             r#"oracle: {"outcome":"gated","count":3,"oracle":"qdisc","backend":null,"why":"the kernel skipped runs - of its programs"}"#,
             r#"oracle: {"outcome":"gated","count":3,"oracle":"qdisc","backend":"kprobe"}"#,
             r#"oracle: {"outcome":"exact","count":"many","oracle":"qdisc","backend":"kprobe"}"#,
-            "",
-            "successes:",
-            "    a",
-            "test result: ok. 3 passed; 0 failed",
+            "test result: ok. 1 passed; 0 failed",
         ];
-        let out = read("exactness", &lines);
+        let out = read("exactness::b", &lines);
         let skips: Vec<String> = out.skips.iter().map(ToString::to_string).collect();
         assert_eq!(
             skips,
-            [
-                "exactness::a: skipping test - fq_codel: no such qdisc",
-                "exactness::b: skipping backend Kprobe - no kprobes"
-            ]
+            ["exactness::b: skipping backend Kprobe - no kprobes"]
         );
         assert_eq!(out.retries.len(), 1);
         assert_eq!(out.retries[0].test, "exactness::b");
@@ -221,8 +192,7 @@ mod tests {
     #[test]
     fn a_failed_tests_panic_is_named_by_the_test() {
         let lines = [
-            "running 2 tests",
-            "test a ... ok",
+            "running 1 test",
             "test b ... FAILED",
             "",
             "failures:",
@@ -238,15 +208,15 @@ mod tests {
             "failures:",
             "    b",
             "",
-            "test result: FAILED. 1 passed; 1 failed",
+            "test result: FAILED. 0 passed; 1 failed",
         ];
-        let out = read("multiqueue", &lines);
+        let out = read("multiqueue::b", &lines);
         assert_eq!(
             out.failures(),
             "multiqueue::b: panicked at tap-probe/tests/multiqueue.rs:230:24: assertion `left == \
              right` failed: consumed left: 2500 right: 1936"
         );
         assert_eq!(out.tallies.len(), 1);
-        assert_eq!(read("multiqueue", &lines[..4]).failures(), "");
+        assert_eq!(read("multiqueue::b", &lines[..3]).failures(), "");
     }
 }

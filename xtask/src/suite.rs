@@ -13,11 +13,14 @@
 //!   [`KERNEL_TEST_LIBS`] (`kernel_tests` read the running kernel's BTF or kallsyms, which
 //!   needs no root).
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+
+use tap_probe_verdict::Verdict;
 
 use crate::cmd;
 use crate::output::{self, Output};
@@ -304,44 +307,125 @@ pub(crate) fn build() -> anyhow::Result<Suite> {
 pub(crate) struct Ran {
     pub(crate) label: String,
     pub(crate) took: Duration,
-    /// libtest's `test result:` line.
-    pub(crate) result: String,
+    /// How many tests it ran.
+    pub(crate) tests: usize,
     pub(crate) said: Output,
 }
 
-/// Runs `binary` on this host with `args` (after `--show-output`, so that each test's
-/// lines can be read), from its package's directory as cargo would.
+/// Runs the tests of `binary` that `args` select in one process, in parallel as libtest
+/// runs them, from its package's directory as cargo would: for the unit tests, which say
+/// nothing the summary keeps. They passed when it exits 0; its output was echoed as it
+/// came, for a reader, and nothing of it is read.
 ///
 /// # Errors
 /// If it cannot be run or a test fails.
-pub(crate) fn run(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
+pub(crate) fn run_all(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
+    let owned: Vec<String> = args.iter().map(|&arg| arg.to_owned()).collect();
+    let tests = list(binary, &owned)?.len();
     let started = Instant::now();
-    let mut command = Command::new(&binary.path);
-    command
-        .current_dir(&binary.dir)
-        .env("CARGO_MANIFEST_DIR", &binary.dir)
-        .arg("--show-output")
-        .args(args);
+    let mut command = command(binary);
+    command.args(args);
     eprintln!("==> {} ({})", binary.label, short(&binary.path));
-    let (lines, status) = cmd::run_collecting(&mut command)?;
-    let said = output::read(&binary.label, &lines);
+    let status = cmd::status(&mut command)?;
     if !status.success() {
-        let mut why = vec![format!("`{}` failed ({status})", cmd::display(&command))];
-        why.extend((!said.panics.is_empty()).then(|| said.failures()));
-        bail!("{}", why.join(": "));
+        bail!("`{}` failed ({status})", cmd::display(&command));
     }
-    let result = lines
-        .iter()
-        .rev()
-        .find_map(|line| line.strip_prefix("test result: "))
-        .unwrap_or("no result line")
-        .to_owned();
     Ok(Ran {
         label: binary.label.clone(),
         took: started.elapsed(),
-        result,
-        said,
+        tests,
+        said: Output::default(),
     })
+}
+
+/// Runs each of `tests` of `binary` as a process of its own, one after another (the
+/// privileged tests share the host's tracepoints): everything a test prints is its own,
+/// and how its process ends is its [`Verdict`], with its times since `since`. Fails, once
+/// all have run, if one did not pass, naming each and where it panicked.
+///
+/// # Errors
+/// If a test cannot be run or one fails.
+pub(crate) fn run_each(
+    binary: &Binary,
+    tests: &[String],
+    since: Instant,
+) -> anyhow::Result<(Ran, Vec<Verdict>)> {
+    use std::os::unix::process::ExitStatusExt as _;
+    let started = Instant::now();
+    eprintln!(
+        "==> {} ({}, {} tests)",
+        binary.label,
+        short(&binary.path),
+        tests.len()
+    );
+    let mut said = Output::default();
+    let mut verdicts = Vec::new();
+    for test in tests {
+        let mut command = command(binary);
+        command.args(["--exact", test, "--test-threads=1", "--show-output"]);
+        let started_s = since.elapsed().as_secs_f64();
+        let (lines, status) = cmd::run_collecting(&mut command)?;
+        said.extend(output::read(&format!("{}::{test}", binary.label), &lines));
+        verdicts.push(Verdict {
+            binary: binary.label.clone(),
+            test: test.clone(),
+            exit: status
+                .code()
+                .or_else(|| status.signal().map(|signal| 128 + signal))
+                .unwrap_or(-1),
+            timed_out: false,
+            started_s,
+            ended_s: since.elapsed().as_secs_f64(),
+        });
+    }
+    let failed: Vec<String> = verdicts
+        .iter()
+        .filter(|v| !v.passed())
+        .map(|v| format!("{}::{} exited {}", v.binary, v.test, v.exit))
+        .collect();
+    if !failed.is_empty() {
+        let mut why = failed;
+        why.extend((!said.panics.is_empty()).then(|| said.failures()));
+        bail!("{}", why.join("; "));
+    }
+    Ok((
+        Ran {
+            label: binary.label.clone(),
+            took: started.elapsed(),
+            tests: tests.len(),
+            said,
+        },
+        verdicts,
+    ))
+}
+
+/// `binary` as cargo runs it: from its package's directory.
+fn command(binary: &Binary) -> Command {
+    let mut command = Command::new(&binary.path);
+    command
+        .current_dir(&binary.dir)
+        .env("CARGO_MANIFEST_DIR", &binary.dir);
+    command
+}
+
+/// Per binary, in the order they ran, how many of its tests passed and failed and how long
+/// they took: a line each for a summary.
+pub(crate) fn binary_lines(verdicts: &[Verdict]) -> String {
+    let mut out = String::new();
+    let mut rest = verdicts;
+    while let Some(first) = rest.first() {
+        let n = rest.iter().take_while(|v| v.binary == first.binary).count();
+        let (these, after) = rest.split_at(n);
+        let passed = these.iter().filter(|v| v.passed()).count();
+        let secs: f64 = these.iter().map(Verdict::secs).sum();
+        let _ = write!(out, "\n  {}: {passed} passed", first.binary);
+        if passed < n {
+            let _ = write!(out, ", {} failed", n - passed);
+        }
+        let _ = write!(out, " ({secs:.1} s)");
+        rest = after;
+    }
+    out
 }
 
 fn short(path: &Path) -> String {

@@ -276,8 +276,11 @@ fn unit_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
     for binary in &suite.binaries {
         match binary.kind {
             Kind::Privileged => {}
-            Kind::Plain => ran.push(suite::run(binary, &[])?),
-            Kind::Unit => ran.push(suite::run(binary, &["--skip", suite::PRIVILEGED_MODULES])?),
+            Kind::Plain => ran.push(suite::run_all(binary, &[])?),
+            Kind::Unit => ran.push(suite::run_all(
+                binary,
+                &["--skip", suite::PRIVILEGED_MODULES],
+            )?),
         }
     }
     cmd::run(
@@ -301,15 +304,15 @@ fn privileged_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
         );
     }
     let mut ran = Vec::new();
+    let since = std::time::Instant::now();
     for binary in &suite.binaries {
-        match binary.kind {
-            Kind::Privileged => ran.push(suite::run(binary, &["--test-threads=1"])?),
-            Kind::Unit if binary.for_guests() => ran.push(suite::run(
-                binary,
-                &[suite::PRIVILEGED_MODULES, "--test-threads=1"],
-            )?),
-            Kind::Unit | Kind::Plain => {}
-        }
+        let filter = match binary.kind {
+            Kind::Privileged => Vec::new(),
+            Kind::Unit if binary.for_guests() => vec![suite::PRIVILEGED_MODULES.to_owned()],
+            Kind::Unit | Kind::Plain => continue,
+        };
+        let tests = suite::list(binary, &filter)?;
+        ran.push(suite::run_each(binary, &tests, since)?.0);
     }
     record(host, ran);
     Ok(())
@@ -318,9 +321,9 @@ fn privileged_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
 fn record(host: &mut Host, ran: Vec<suite::Ran>) {
     for binary in ran {
         host.results.push(format!(
-            "{}: {} ({:.1} s)",
+            "{}: {} passed ({:.1} s)",
             binary.label,
-            binary.result,
+            binary.tests,
             binary.took.as_secs_f64()
         ));
         host.said.extend(binary.said);

@@ -1,25 +1,26 @@
-//! What a guest's console says of the test binaries it ran: libtest's `test result:` line
-//! and failed tests per binary, the init's lines that report a failure, and what the tests
-//! said (read by [`crate::output`]). `init: running /tests/LABEL` begins each binary's output.
+//! What a guest's console says of the tests it ran. The init runs each test as a process of
+//! its own between two lines of its own: `init: running LABEL TEST (uptime ...)` before, and
+//! after, how it ended, a [`Verdict`] in JSON after [`VERDICT_PREFIX`]. The lines between
+//! the two are the test's, and what it said there is read by [`crate::output`]; nothing of
+//! libtest's report is read. The init's other lines that report a failure are kept too.
+
+use tap_probe_verdict::{VERDICT_PREFIX, Verdict};
 
 use crate::output::{self, Output};
 
-/// One test binary's run, as the console showed it.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Binary {
-    pub(crate) label: String,
-    /// Its `test result:` line, after the prefix; none if it never printed one.
-    pub(crate) result: Option<String>,
-    /// The tests libtest reported `FAILED`.
-    pub(crate) failed: Vec<String>,
-}
+/// How a verdict line that does not read as one is reported.
+pub(crate) const UNREAD: &str = "a verdict that does not read";
 
-/// What the console said of the test binaries a guest ran.
+/// What the console said of the tests a guest ran.
 #[derive(Debug, Default)]
 pub(crate) struct Console {
-    pub(crate) binaries: Vec<Binary>,
-    /// The init's lines that report a failure (a binary's non-zero exit, a timeout, a step
-    /// that failed), as they read after `init: ` and before ` (uptime`.
+    /// How each test that ended did, in the order they ran.
+    pub(crate) verdicts: Vec<Verdict>,
+    /// The test that was running when the console ended, if one was (`BINARY::TEST`).
+    pub(crate) unfinished: Option<String>,
+    /// The init's lines that report a failure (a step that failed, `doctor`'s non-zero
+    /// exit, a verdict that does not read), as they read after `init: ` and before
+    /// ` (uptime`.
     pub(crate) init_failures: Vec<String>,
     pub(crate) said: Output,
 }
@@ -28,52 +29,70 @@ impl Console {
     /// Reads a guest's console, line by line.
     pub(crate) fn read(lines: &[String]) -> Self {
         let mut console = Self::default();
+        let mut test: Option<String> = None;
         let mut output: Vec<&str> = Vec::new();
         for line in lines {
-            if let Some(path) = line.strip_prefix("init: running ") {
-                console.flush(&mut output);
-                let label = path
-                    .split(' ')
-                    .next()
-                    .and_then(|path| path.rsplit('/').next())
-                    .unwrap_or(path);
-                console.binaries.push(Binary {
-                    label: label.to_owned(),
-                    ..Binary::default()
-                });
-            } else if let Some(name) = line
-                .strip_prefix("test ")
-                .and_then(|rest| rest.strip_suffix(" ... FAILED"))
-                && let Some(binary) = console.binaries.last_mut()
-            {
-                binary.failed.push(name.to_owned());
-            } else if let Some(result) = line.strip_prefix("test result: ")
-                && let Some(binary) = console.binaries.last_mut()
-            {
-                binary.result = Some(result.to_owned());
+            if let Some(rest) = line.strip_prefix("init: running ") {
+                console.flush(test.take(), &mut output);
+                let mut words = rest.split(' ');
+                if let (Some(label), Some(name)) = (words.next(), words.next()) {
+                    test = Some(format!("{label}::{name}"));
+                }
+            } else if let Some(json) = line.strip_prefix(VERDICT_PREFIX) {
+                console.flush(test.take(), &mut output);
+                match Verdict::parse(json) {
+                    Ok(verdict) => console.verdicts.push(verdict),
+                    Err(err) => console
+                        .init_failures
+                        .push(format!("{UNREAD} ({err}): {json}")),
+                }
             } else if let Some(rest) = line
                 .strip_prefix("init: ")
                 .filter(|rest| rest.ends_with("failed") || failed_exit(rest))
             {
                 let failure = rest.split(" (uptime").next().unwrap_or(rest);
                 console.init_failures.push(failure.to_owned());
+            } else if test.is_some() {
+                output.push(line);
             }
-            output.push(line);
         }
-        console.flush(&mut output);
+        console.unfinished.clone_from(&test);
+        console.flush(test, &mut output);
         console
     }
 
-    /// Reads what the tests of the binary running now said in `output`, and clears it.
-    fn flush(&mut self, output: &mut Vec<&str>) {
-        if let Some(binary) = self.binaries.last() {
-            self.said.extend(output::read(&binary.label, output));
+    /// Reads what `test` said in `output`, and clears it.
+    fn flush(&mut self, test: Option<String>, output: &mut Vec<&str>) {
+        if let Some(test) = test {
+            self.said.extend(output::read(&test, output));
         }
         output.clear();
     }
+
+    /// The tests that did not pass, each with how it ended, and the one that never ended.
+    pub(crate) fn failed(&self) -> Vec<String> {
+        let mut failed: Vec<String> = self
+            .verdicts
+            .iter()
+            .filter(|v| !v.passed())
+            .map(|v| {
+                if v.timed_out {
+                    format!("{}::{} timed out after {:.0} s", v.binary, v.test, v.secs())
+                } else {
+                    format!("{}::{} exited {}", v.binary, v.test, v.exit)
+                }
+            })
+            .collect();
+        failed.extend(
+            self.unfinished
+                .as_ref()
+                .map(|test| format!("{test} never ended")),
+        );
+        failed
+    }
 }
 
-/// Whether an init line reports a non-zero exit: `PATH exited RC (uptime ...)`.
+/// Whether an init line reports a non-zero exit: `WHAT exited RC (uptime ...)`.
 fn failed_exit(line: &str) -> bool {
     line.split_once(" exited ")
         .and_then(|(_, rest)| rest.split(' ').next())
@@ -84,47 +103,65 @@ fn failed_exit(line: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn verdict(binary: &str, test: &str, exit: i32) -> String {
+        format!(
+            r#"verdict: {{"binary":"{binary}","test":"{test}","exit":{exit},"timed_out":false,"started_s":9.5,"ended_s":12.0}}"#
+        )
+    }
+
     #[test]
-    fn each_binary_is_reported_with_what_its_tests_said() {
+    fn each_test_is_reported_with_what_it_said() {
         let lines: Vec<String> = [
-            "init: running /tests/exactness --exact a b (uptime 9.50 s)",
-            "test a ... ok",
-            "test b ... FAILED",
-            "successes:",
-            "---- a stdout ----",
-            "skipping test - no kprobes",
-            r#"oracle: {"outcome":"exact","count":3,"oracle":"qdisc","backend":"kprobe"}"#,
-            "test result: FAILED. 1 passed; 1 failed; 0 ignored",
-            "init: /tests/exactness exited 101 (uptime 12.00 s)",
-            "init: running /tests/ring --exact c (uptime 12.10 s)",
-            "---- c stdout ----",
-            r#"oracle: {"outcome":"exact","count":2,"oracle":"reader","backend":"kprobe"}"#,
-            "test result: ok. 1 passed; 0 failed; 0 ignored",
-            "init: /tests/ring exited 0 (uptime 13.00 s)",
+            "init: tap-probe doctor exited 0 (uptime 9.00 s)".to_owned(),
+            "init: running exactness a (uptime 9.50 s)".to_owned(),
+            "running 1 test".to_owned(),
+            "skipping test - no kprobes".to_owned(),
+            r#"oracle: {"outcome":"exact","count":3,"oracle":"qdisc","backend":"kprobe"}"#
+                .to_owned(),
+            "test result: ok. 1 passed".to_owned(),
+            verdict("exactness", "a", 0),
+            "init: running exactness b (uptime 12.00 s)".to_owned(),
+            "thread 'b' (7) panicked at tap-probe/tests/exactness.rs:1:2:".to_owned(),
+            "consumed".to_owned(),
+            String::new(),
+            verdict("exactness", "b", 101),
+            "init: running ring c (uptime 13.00 s)".to_owned(),
+            r#"oracle: {"outcome":"exact","count":2,"oracle":"reader","backend":"kprobe"}"#
+                .to_owned(),
         ]
-        .map(str::to_owned)
         .to_vec();
         let console = Console::read(&lines);
-        assert_eq!(console.init_failures, ["/tests/exactness exited 101"]);
+        assert!(
+            console.init_failures.is_empty(),
+            "{:?}",
+            console.init_failures
+        );
+        assert_eq!(console.verdicts.len(), 2);
         assert_eq!(
-            console.binaries,
-            [
-                Binary {
-                    label: "exactness".to_owned(),
-                    result: Some("FAILED. 1 passed; 1 failed; 0 ignored".to_owned()),
-                    failed: vec!["b".to_owned()],
-                },
-                Binary {
-                    label: "ring".to_owned(),
-                    result: Some("ok. 1 passed; 0 failed; 0 ignored".to_owned()),
-                    failed: Vec::new(),
-                },
-            ]
+            console.failed(),
+            ["exactness::b exited 101", "ring::c never ended"]
         );
         let said = &console.said;
         assert_eq!(said.skips.len(), 1);
         assert_eq!(said.skips[0].test, "exactness::a");
         let tests: Vec<&str> = said.tallies.iter().map(|t| t.test.as_str()).collect();
         assert_eq!(tests, ["exactness::a", "ring::c"]);
+        assert_eq!(
+            said.failures(),
+            "exactness::b: panicked at tap-probe/tests/exactness.rs:1:2: consumed"
+        );
+    }
+
+    #[test]
+    fn a_failed_step_and_a_verdict_that_does_not_read_are_failures() {
+        let lines = [
+            "init: tap-probe doctor exited 2 (uptime 9.00 s)",
+            "verdict: {\"binary\":\"ring\"}",
+        ]
+        .map(str::to_owned);
+        let console = Console::read(&lines);
+        assert_eq!(console.init_failures.len(), 2);
+        assert_eq!(console.init_failures[0], "tap-probe doctor exited 2");
+        assert!(console.init_failures[1].starts_with(UNREAD));
     }
 }

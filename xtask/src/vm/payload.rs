@@ -20,25 +20,31 @@ const HOST_TOOLS: &[&str] = &[
     "/usr/bin/prometheus",
 ];
 
-/// Each test binary still running after this long is ended, so one hung test fails its
-/// binary and the rest still run (the whole suite takes about 4 minutes under TCG here).
-const BINARY_TIMEOUT_S: u32 = 8 * 60;
+/// A test still running after this long is ended, so one hung test fails itself and the
+/// rest still run (the longest, `churn`, takes under 2 minutes under TCG here).
+const TEST_TIMEOUT_S: u32 = 8 * 60;
 
-/// The init script's start: `tap-probe doctor`, then `run`, which runs one test binary one
-/// test at a time (they share the guest's tracepoints) under the timeout in `$timeout_s`,
-/// and says when it starts and how it ended, for [`super::console`].
+/// The init script's start: `tap-probe doctor`, then `run`, which runs one test as a
+/// process of its own (one at a time: they share the guest's tracepoints) under the timeout
+/// in `$timeout_s`, says when it starts, and prints how it ended as a
+/// [`tap_probe_verdict::Verdict`] after `verdict: `, for [`super::console`]. A test's name
+/// is a Rust path and a binary's label a target's name, neither of which JSON must escape.
 const PRELUDE: &str = r#"echo "init: tap-probe doctor"
 /bin/tap-probe doctor
 echo "init: tap-probe doctor exited $?"
 run() {
+    label=$1 path=$2 test=$3
+    shift 3
     read -r up _ < /proc/uptime
-    echo "init: running $1 (uptime $up s)"
-    timeout "$timeout_s" "$@" --test-threads=1 --show-output
+    echo "init: running $label $test (uptime $up s)"
+    timeout "$timeout_s" "$path" --exact "$test" --test-threads=1 --show-output "$@"
     rc=$?
-    read -r up _ < /proc/uptime
-    # busybox timeout ends the binary with SIGTERM: exit status 128 + 15.
-    [ "$rc" -eq 143 ] && echo "init: $1 timed out after $timeout_s s"
-    echo "init: $1 exited $rc (uptime $up s)"
+    read -r end _ < /proc/uptime
+    # busybox timeout ends the test with SIGTERM: exit status 128 + 15.
+    timed_out=false
+    [ "$rc" -eq 143 ] && timed_out=true
+    printf 'verdict: {"binary":"%s","test":"%s","exit":%s,"timed_out":%s,"started_s":%s,"ended_s":%s}\n' \
+        "$label" "$test" "$rc" "$timed_out" "$up" "$end"
     [ "$rc" -eq 0 ] || status=1
 }
 "#;
@@ -54,6 +60,8 @@ pub(crate) struct Payload {
 
 /// One test binary's run in the guest.
 struct BinaryRun<'a> {
+    /// How the summary names it.
+    label: &'a str,
     /// Its path in the guest.
     path: &'a str,
     tests: &'a [String],
@@ -113,7 +121,8 @@ impl Payload {
             .runs
             .iter()
             .zip(&paths)
-            .map(|((_, tests), path)| BinaryRun {
+            .map(|((index, tests), path)| BinaryRun {
+                label: &suite.binaries[*index].label,
                 path,
                 tests,
                 args: &self.args,
@@ -124,17 +133,23 @@ impl Payload {
     }
 }
 
-/// The init's script: the prelude, then each binary with exactly its selected tests.
+/// The init's script: the prelude, then each test of each binary, run alone.
 fn script(runs: &[BinaryRun<'_>]) -> String {
-    let mut script = format!("timeout_s={BINARY_TIMEOUT_S}\n{PRELUDE}");
+    let mut script = format!("timeout_s={TEST_TIMEOUT_S}\n{PRELUDE}");
     for run in runs {
-        let words: Vec<String> = ["run", run.path, "--exact"]
-            .into_iter()
-            .map(str::to_owned)
-            .chain(run.tests.iter().chain(run.args).map(|word| sh_quote(word)))
-            .collect();
-        script.push_str(&words.join(" "));
-        script.push('\n');
+        for test in run.tests {
+            let words: Vec<String> = ["run", run.label, run.path]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(
+                    std::iter::once(test)
+                        .chain(run.args)
+                        .map(|word| sh_quote(word)),
+                )
+                .collect();
+            script.push_str(&words.join(" "));
+            script.push('\n');
+        }
     }
     script
 }
@@ -143,20 +158,54 @@ fn script(runs: &[BinaryRun<'_>]) -> String {
 mod tests {
     use super::*;
 
+    /// The init's `run`, in a real shell, on a stand-in for a test binary: its verdict line
+    /// reads as a [`tap_probe_verdict::Verdict`] with the test's exit status.
     #[test]
-    fn each_binary_runs_exactly_its_tests_quoted() {
+    fn a_tests_verdict_line_reads_back() {
+        let script = format!(
+            "timeout_s=60\nstatus=0\n{PRELUDE}run ring /bin/false 'a::b'\necho status=$status\n"
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let line = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(tap_probe_verdict::VERDICT_PREFIX))
+            .unwrap_or_else(|| panic!("no verdict in {stdout}"));
+        let verdict = tap_probe_verdict::Verdict::parse(line).unwrap();
+        assert_eq!(
+            (verdict.binary.as_str(), verdict.test.as_str()),
+            ("ring", "a::b")
+        );
+        assert_eq!(verdict.exit, 1, "{stdout}");
+        assert!(!verdict.timed_out && verdict.secs() >= 0.0);
+        assert!(
+            stdout.contains("init: running ring a::b (uptime "),
+            "{stdout}"
+        );
+        assert!(stdout.ends_with("status=1\n"), "{stdout}");
+    }
+
+    #[test]
+    fn each_test_runs_alone_quoted() {
         let tests = ["a_test".to_owned(), "it's".to_owned()];
         let args = ["--skip".to_owned(), "b c".to_owned()];
         let script = script(&[BinaryRun {
+            label: "ring",
             path: "/tests/ring",
             tests: &tests,
             args: &args,
         }]);
-        assert!(script.starts_with(&format!("timeout_s={BINARY_TIMEOUT_S}\n")));
-        let last = script.lines().last().unwrap();
+        assert!(script.starts_with(&format!("timeout_s={TEST_TIMEOUT_S}\n")));
+        let lines: Vec<&str> = script.lines().rev().take(2).collect();
         assert_eq!(
-            last,
-            r"run /tests/ring --exact 'a_test' 'it'\''s' '--skip' 'b c'"
+            lines,
+            [
+                r"run ring /tests/ring 'it'\''s' '--skip' 'b c'",
+                r"run ring /tests/ring 'a_test' '--skip' 'b c'",
+            ]
         );
     }
 }

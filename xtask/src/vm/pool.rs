@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use tap_probe_guest::{AccelChoice, Image, Kernel, Launcher, Verdict, launch};
 
-use super::console::{Binary, Console};
+use super::console::{Console, UNREAD};
 use super::payload::Payload;
 use super::slots::Slots;
 use super::{Guest, guest_dir, prepare};
@@ -49,10 +49,11 @@ pub(crate) struct GuestRun {
     /// Its kernel's release.
     pub release: String,
     pub said: Output,
-    /// Per test binary, its result and failed tests.
-    pub binaries: Vec<Binary>,
-    /// The init's lines that report a failure.
-    pub init_failures: Vec<String>,
+    /// How each test that ended did, in the order they ran.
+    pub verdicts: Vec<tap_probe_verdict::Verdict>,
+    /// The tests that did not pass, each with how it ended, and the init's lines that
+    /// report a failure.
+    pub failures: Vec<String>,
     /// Where its time went.
     pub times: Times,
     pub took: Duration,
@@ -90,15 +91,9 @@ impl GuestRun {
             self.release,
             self.took.as_secs_f64(),
         );
-        for binary in &self.binaries {
-            let result = binary.result.as_deref().unwrap_or("no result");
-            let _ = write!(out, "\n  {}: {result}", binary.label);
-            if !binary.failed.is_empty() {
-                let _ = write!(out, "\n    failed: {}", binary.failed.join(", "));
-            }
-        }
-        for failure in &self.init_failures {
-            let _ = write!(out, "\n  init: {failure}");
+        out.push_str(&crate::suite::binary_lines(&self.verdicts));
+        for failure in &self.failures {
+            let _ = write!(out, "\n  failed: {failure}");
         }
         for skip in &self.said.skips {
             let _ = write!(out, "\n    skipped: {skip}");
@@ -355,10 +350,16 @@ fn boot(launcher: &mut Launcher, prepared: Prepared, options: &Options, alone: b
     };
     let outcome = &ran.booted.outcome;
     let console = Console::read(&outcome.lines);
-    let failure = (outcome.verdict != Verdict::Success).then(|| {
-        // Which binaries failed (an abort or a timeout has no panic to show) and why.
+    // The init's own verdict, and each test's: a verdict line that does not read, or a test
+    // that never ended, fails the guest even where the init thought it succeeded.
+    let failure = (outcome.verdict != Verdict::Success
+        || !console.failed().is_empty()
+        || console.init_failures.iter().any(|f| f.starts_with(UNREAD)))
+    .then(|| {
+        // Which tests failed (an abort or a timeout has no panic to show) and why.
         let mut why = vec![launch::describe(&outcome.verdict)];
         why.extend(console.init_failures.iter().cloned());
+        why.extend(console.failed());
         why.extend((!console.said.panics.is_empty()).then(|| console.said.failures()));
         format!("{name}: {}", why.join("; "))
     });
@@ -374,19 +375,17 @@ fn boot(launcher: &mut Launcher, prepared: Prepared, options: &Options, alone: b
         log: ran.log.clone(),
     };
     eprintln!("xtask vm: {name}: {times}");
-    let Console {
-        binaries,
-        init_failures,
-        said,
-    } = console;
+    let mut failures = console.init_failures.clone();
+    failures.extend(console.failed());
+    let Console { verdicts, said, .. } = console;
     Finished {
         index,
         run: Ok(GuestRun {
             name: guest.name,
             release: kernel.release,
             said,
-            binaries,
-            init_failures,
+            verdicts,
+            failures,
             times,
             took: outcome.elapsed,
         }),
