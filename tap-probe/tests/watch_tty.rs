@@ -19,6 +19,7 @@ use nix::pty::{Winsize, openpty};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::termios::{LocalFlags, tcgetattr};
 use nix::unistd::Pid;
+use tap_probe_spec::load::LoadNumbers;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 const COLUMNS: u16 = 100;
@@ -218,7 +219,7 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     );
     let mut json = String::new();
     report.read_to_string(&mut json).unwrap();
-    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let report: LoadNumbers = serde_json::from_str(&json).unwrap();
     // Watch sees the tap go away within a refresh or two; then it is stopped.
     pty.read_until(&mut raw, Duration::from_secs(10), |t| t.contains("(gone)"));
     std::thread::sleep(Duration::from_millis(600));
@@ -266,10 +267,9 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
             .unwrap_or_else(|_| panic!("{name}: {gone}"))
     };
     // The kernel's own counters of the tap, as the load read them before deleting it.
-    let kernel = |name: &str| report[name].as_u64().unwrap();
-    assert!(kernel("kernel_tx_dropped") > 0, "a slow reader: tail-drops");
-    assert_eq!(total("DELIVERED"), kernel("kernel_tx_packets"), "{gone}");
-    assert_eq!(total("RING_DROPS"), kernel("kernel_tx_dropped"), "{gone}");
+    assert!(report.kernel_tx_dropped > 0, "a slow reader: tail-drops");
+    assert_eq!(total("DELIVERED"), report.kernel_tx_packets, "{gone}");
+    assert_eq!(total("RING_DROPS"), report.kernel_tx_dropped, "{gone}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ pub(crate) const CAP_DAC_READ_SEARCH: u32 = 2;
 pub const CAP_NET_ADMIN: u32 = 12;
 pub(crate) const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_SYS_RESOURCE: u32 = 24;
 pub(crate) const CAP_SYSLOG: u32 = 34;
 pub const CAP_PERFMON: u32 = 38;
 pub const CAP_BPF: u32 = 39;
@@ -18,8 +19,63 @@ pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 pub(crate) const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
 /// How to get the capabilities, quoted in the error: every one [`missing_capabilities`]
-/// asks for.
-const HOW_TO_GRANT: &str = "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin,cap_sys_admin,cap_sys_ptrace,cap_dac_read_search,cap_syslog+ep $(command -v tap-probe)";
+/// asks for (`CAP_SYS_RESOURCE` where `memlock` says it is needed).
+fn how_to_grant(memlock: Memlock) -> String {
+    let resource = if memlock == Memlock::Needs {
+        ",cap_sys_resource"
+    } else {
+        ""
+    };
+    format!(
+        "run as root, or grant them: sudo setcap cap_bpf,cap_perfmon,cap_net_admin,\
+         cap_sys_admin,cap_sys_ptrace,cap_dac_read_search,cap_syslog{resource}+ep $(command -v \
+         tap-probe)"
+    )
+}
+
+/// Whether loading the programs needs the locked-memory limit lifted, which takes
+/// `CAP_SYS_RESOURCE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Memlock {
+    /// The kernel charges the memory cgroup, or the limit's ceiling is already unlimited.
+    Fine,
+    /// The kernel charges eBPF memory to `RLIMIT_MEMLOCK` (before 5.11) and the limit's
+    /// ceiling (its hard limit) is finite: a few hundred kilobytes or megabytes by default,
+    /// far below what the maps hold.
+    Needs,
+}
+
+impl Memlock {
+    /// This kernel's and this process's case.
+    fn here() -> Self {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `getrlimit` writes the struct we pass.
+        let read = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) } == 0;
+        if read && limit.rlim_max == libc::RLIM_INFINITY || !charges_memlock() {
+            Self::Fine
+        } else {
+            Self::Needs
+        }
+    }
+}
+
+/// Whether this kernel charges eBPF maps and programs to the locked-memory limit
+/// (`RLIMIT_MEMLOCK`), as kernels before 5.11 do; later ones, and kernels with that change
+/// backported, charge the memory cgroup. Told by kallsyms: the rlimit accounting's
+/// functions (`bpf_map_charge_init`, `kernel/bpf/syscall.c`) went with it.
+fn charges_memlock() -> bool {
+    use std::io::BufRead as _;
+    let Ok(file) = std::fs::File::open("/proc/kallsyms") else {
+        return false;
+    };
+    std::io::BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.split_whitespace().nth(2) == Some("bpf_map_charge_init"))
+}
 
 /// The effective capability set (`CapEff`) from the text of `/proc/<pid>/status`.
 ///
@@ -48,9 +104,11 @@ pub fn parse_cap_eff(status: &str) -> Result<u64> {
 ///   `proc_fd_permission` is `generic_permission`, which `CAP_SYS_PTRACE` does not pass), which
 ///   is how the process holding each tap, and the VM it runs, are named;
 /// - `CAP_SYSLOG` shows kernel addresses in `/proc/kallsyms` (`kallsyms_show_value`): the
-///   reader's and the wakers' functions are told by address.
+///   reader's and the wakers' functions are told by address;
+/// - `CAP_SYS_RESOURCE` lifts the locked-memory limit, where the kernel charges eBPF memory
+///   to it and its ceiling is finite ([`Memlock::Needs`]).
 #[must_use]
-pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
+pub(crate) fn missing_capabilities(cap_eff: u64, memlock: Memlock) -> Vec<&'static str> {
     let has = |cap: u32| cap_eff & (1u64 << cap) != 0;
     let sys_admin = has(CAP_SYS_ADMIN);
     let mut missing = Vec::new();
@@ -71,6 +129,9 @@ pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
             missing.push(name);
         }
     }
+    if memlock == Memlock::Needs && !has(CAP_SYS_RESOURCE) {
+        missing.push("CAP_SYS_RESOURCE");
+    }
     missing
 }
 
@@ -81,15 +142,26 @@ pub(crate) fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
 pub fn check() -> Result<()> {
     let status =
         std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
-    check_cap_eff(parse_cap_eff(&status)?)
+    check_cap_eff(parse_cap_eff(&status)?, Memlock::here())
 }
 
-fn check_cap_eff(cap_eff: u64) -> Result<()> {
-    let missing = missing_capabilities(cap_eff);
+fn check_cap_eff(cap_eff: u64, memlock: Memlock) -> Result<()> {
+    let missing = missing_capabilities(cap_eff, memlock);
     if missing.is_empty() {
         return Ok(());
     }
-    bail!("tap-probe lacks {}: {HOW_TO_GRANT}", missing.join(", "))
+    let why = if memlock == Memlock::Needs {
+        " (this kernel charges eBPF maps to the locked-memory limit, which only \
+         CAP_SYS_RESOURCE lifts past its ceiling; a service may set LimitMEMLOCK=infinity \
+         instead)"
+    } else {
+        ""
+    };
+    bail!(
+        "tap-probe lacks {}: {}{why}",
+        missing.join(", "),
+        how_to_grant(memlock)
+    )
 }
 
 /// Lifts `RLIMIT_MEMLOCK`, which kernels before 5.11 charge BPF maps and programs to. Later
@@ -193,8 +265,8 @@ mod tests {
 
     #[test]
     fn root_has_everything() {
-        assert!(missing_capabilities(parse_cap_eff(STATUS).unwrap()).is_empty());
-        assert!(check_cap_eff(0x01ff_ffff_ffff).is_ok());
+        assert!(missing_capabilities(parse_cap_eff(STATUS).unwrap(), Memlock::Fine).is_empty());
+        assert!(check_cap_eff(0x01ff_ffff_ffff, Memlock::Needs).is_ok());
     }
 
     const OTHERS: u64 = (1 << CAP_NET_ADMIN)
@@ -205,7 +277,7 @@ mod tests {
     #[test]
     fn names_exactly_what_is_missing() {
         assert_eq!(
-            missing_capabilities(0),
+            missing_capabilities(0, Memlock::Fine),
             [
                 "CAP_BPF",
                 "CAP_PERFMON",
@@ -218,7 +290,7 @@ mod tests {
         );
         let bpf_only = 1 << CAP_BPF;
         assert_eq!(
-            missing_capabilities(bpf_only),
+            missing_capabilities(bpf_only, Memlock::Fine),
             [
                 "CAP_PERFMON",
                 "CAP_NET_ADMIN",
@@ -229,16 +301,18 @@ mod tests {
             ]
         );
         let all = (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_SYS_ADMIN) | OTHERS;
-        assert!(missing_capabilities(all).is_empty());
+        assert!(missing_capabilities(all, Memlock::Fine).is_empty());
         assert_eq!(
-            missing_capabilities(all & !(1 << CAP_SYSLOG)),
+            missing_capabilities(all & !(1 << CAP_SYSLOG), Memlock::Fine),
             ["CAP_SYSLOG"]
         );
         assert_eq!(
-            missing_capabilities(all & !(1 << CAP_DAC_READ_SEARCH)),
+            missing_capabilities(all & !(1 << CAP_DAC_READ_SEARCH), Memlock::Fine),
             ["CAP_DAC_READ_SEARCH"]
         );
-        let err = check_cap_eff(1 << CAP_NET_ADMIN).unwrap_err().to_string();
+        let err = check_cap_eff(1 << CAP_NET_ADMIN, Memlock::Fine)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("lacks CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYSLOG:"),
             "{err}"
@@ -251,12 +325,31 @@ mod tests {
         );
     }
 
+    /// Where the kernel charges eBPF memory to a limit the process cannot lift, the one
+    /// capability that lifts it is named, in the error and in the advice.
+    #[test]
+    fn a_memlock_charging_kernel_needs_sys_resource() {
+        let all = (1 << CAP_BPF) | (1 << CAP_PERFMON) | (1 << CAP_SYS_ADMIN) | OTHERS;
+        assert!(missing_capabilities(all, Memlock::Fine).is_empty());
+        assert_eq!(
+            missing_capabilities(all, Memlock::Needs),
+            ["CAP_SYS_RESOURCE"]
+        );
+        assert!(missing_capabilities(all | (1 << CAP_SYS_RESOURCE), Memlock::Needs).is_empty());
+        let err = check_cap_eff(all, Memlock::Needs).unwrap_err().to_string();
+        assert!(err.contains("lacks CAP_SYS_RESOURCE: "), "{err}");
+        assert!(err.contains(",cap_syslog,cap_sys_resource+ep"), "{err}");
+        assert!(err.ends_with("LimitMEMLOCK=infinity instead)"), "{err}");
+        let err = check_cap_eff(0, Memlock::Fine).unwrap_err().to_string();
+        assert!(!err.contains("sys_resource"), "{err}");
+    }
+
     #[test]
     fn sys_admin_stands_in_for_bpf_and_perfmon() {
         let caps = (1 << CAP_SYS_ADMIN) | OTHERS;
-        assert!(missing_capabilities(caps).is_empty());
+        assert!(missing_capabilities(caps, Memlock::Fine).is_empty());
         assert_eq!(
-            missing_capabilities(1 << CAP_SYS_ADMIN),
+            missing_capabilities(1 << CAP_SYS_ADMIN, Memlock::Fine),
             [
                 "CAP_NET_ADMIN",
                 "CAP_SYS_PTRACE",
