@@ -35,7 +35,7 @@ pub(crate) struct Args {
 struct Host {
     /// What the tests said on this host.
     said: Output,
-    /// Per host test binary: its label, its `test result:` line and how long it ran.
+    /// Per host test binary: its label, how many of its tests passed and how long they ran.
     results: Vec<String>,
     /// Where stage `dist-build` hands the static binary to the guests' stage `dist`.
     static_binary: Option<mpsc::Sender<PathBuf>>,
