@@ -345,11 +345,7 @@ pub(crate) fn run_all(binary: &Binary, args: &[&str]) -> anyhow::Result<Ran> {
 ///
 /// # Errors
 /// If a test cannot be run or one fails.
-pub(crate) fn run_each(
-    binary: &Binary,
-    tests: &[String],
-    since: Instant,
-) -> anyhow::Result<(Ran, Vec<Verdict>)> {
+pub(crate) fn run_each(binary: &Binary, tests: &[String], since: Instant) -> anyhow::Result<Ran> {
     use std::os::unix::process::ExitStatusExt as _;
     let started = Instant::now();
     eprintln!(
@@ -388,15 +384,12 @@ pub(crate) fn run_each(
         why.extend((!said.panics.is_empty()).then(|| said.failures()));
         bail!("{}", why.join("; "));
     }
-    Ok((
-        Ran {
-            label: binary.label.clone(),
-            took: started.elapsed(),
-            tests: tests.len(),
-            said,
-        },
-        verdicts,
-    ))
+    Ok(Ran {
+        label: binary.label.clone(),
+        took: started.elapsed(),
+        tests: tests.len(),
+        said,
+    })
 }
 
 /// `binary` as cargo runs it: from its package's directory.

@@ -312,7 +312,7 @@ fn privileged_tests(suite: &Suite, host: &mut Host) -> anyhow::Result<()> {
             Kind::Unit | Kind::Plain => continue,
         };
         let tests = suite::list(binary, &filter)?;
-        ran.push(suite::run_each(binary, &tests, since)?.0);
+        ran.push(suite::run_each(binary, &tests, since)?);
     }
     record(host, ran);
     Ok(())
