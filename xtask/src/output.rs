@@ -4,7 +4,7 @@
 //! - `skipping ...`: the test (or a part of it) cannot run here and says why;
 //! - `retrying - ...`: the test ran its scenario again, and why;
 //! - `oracle: {...}`: the checks it made against an oracle, a [`tap_probe_verdict::Tally`]
-//!   in JSON (see `tap-probe/tests/common/oracle.rs`);
+//!   in JSON (see `tap-probe/tests/privileged/common/oracle.rs`);
 //! - the standard panic hook's `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the
 //!   message's first lines, in a failed test's output: where and why it failed, for the
 //!   last line of a failed run.
@@ -199,7 +199,7 @@ mod tests {
             "",
             "---- b stdout ----",
             r#"oracle: {"outcome":"exact","count":2,"oracle":"reader","backend":"tracepoint"}"#,
-            "thread 'b' (676) panicked at tap-probe/tests/multiqueue.rs:230:24:",
+            "thread 'b' (676) panicked at tap-probe/tests/privileged/multiqueue.rs:230:24:",
             "assertion `left == right` failed: consumed",
             "  left: 2500",
             " right: 1936",
@@ -213,7 +213,7 @@ mod tests {
         let out = read("multiqueue::b", &lines);
         assert_eq!(
             out.failures(),
-            "multiqueue::b: panicked at tap-probe/tests/multiqueue.rs:230:24: assertion `left == \
+            "multiqueue::b: panicked at tap-probe/tests/privileged/multiqueue.rs:230:24: assertion `left == \
              right` failed: consumed left: 2500 right: 1936"
         );
         assert_eq!(out.tallies.len(), 1);

@@ -3,15 +3,20 @@
 //! and clippy checks the same crates with the same profile and features, so no crate is
 //! compiled twice for the same purpose.
 //!
+//! The privileged tests are one binary (the test target that requires the
+//! `privileged-tests` feature), a module per subject; the suite takes each subject for a
+//! binary of its own, labelled by its module, which is what the summary, the guests' subsets
+//! ([`SUBSETS`]), [`HOST_ONLY`] and `xtask/expected.toml` name.
+//!
 //! Which binaries run where:
 //! - on the host, unprivileged: every unit test binary and every test target that needs no
 //!   root, all tests in parallel, but the libs' `privileged_tests` modules;
 //! - on the host, privileged, one test at a time: the `privileged_tests` of the libs of
-//!   [`KERNEL_TEST_LIBS`] and every test target that requires the `privileged-tests` feature;
-//! - in each guest: only what depends on the kernel: the privileged test targets but those
-//!   of [`HOST_ONLY`], and the `privileged_tests` and `kernel_tests` modules of the libs of
-//!   [`KERNEL_TEST_LIBS`] (`kernel_tests` read the running kernel's BTF or kallsyms, which
-//!   needs no root).
+//!   [`KERNEL_TEST_LIBS`] and every subject of the privileged tests;
+//! - in each guest: only what depends on the kernel: the subjects of the privileged tests
+//!   but those of [`HOST_ONLY`], and the `privileged_tests` and `kernel_tests` modules of
+//!   the libs of [`KERNEL_TEST_LIBS`] (`kernel_tests` read the running kernel's BTF or
+//!   kallsyms, which needs no root).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -47,26 +52,26 @@ pub(crate) const SCOPE: &[&str] = &[
     "tap-probe/privileged-tests",
 ];
 
-/// The feature a test target requires to be privileged.
+/// The feature the privileged tests' target requires.
 const PRIVILEGED_FEATURE: &str = "privileged-tests";
 
-/// Privileged test targets run on the host only:
+/// Subjects of the privileged tests run on the host only:
 /// - `stop` tests how runs end (signals, terminals, pipes, child processes, bad input that
 ///   ends one before it starts), which is tap-probe's own doing on every kernel, and boots a
 ///   guest itself, which a guest cannot;
 /// - `record_robustness` (a recording's end under a flood it cannot keep up with, a
 ///   signal, a kill, a full disk) and `watch_tty` (the views on a pseudo-terminal) test
 ///   tap-probe's own files, signals and drawing too. What they read of the kernel (the
-///   events and counters of either backend) the other targets check exactly in every guest;
+///   events and counters of either backend) the other subjects check exactly in every guest;
 ///   under emulation the two took some 80 s of each guest's 400;
 /// - `fleet` and `service` check the deployment files (the systemd unit's capabilities and
 ///   system call filter, the alert rules and the dashboard against a Prometheus server)
 ///   with host tools a guest does not carry (`setpriv`, `strace`, `systemd-analyze`,
-///   `prometheus`). What they see of the kernel, the other privileged targets check in every
+///   `prometheus`). What they see of the kernel, the other privileged subjects check in every
 ///   guest; the static binary's own run in a guest is stage `dist`;
 /// - `dense` holds taps by the thousand (ten thousand files) against the probe's tables and
 ///   memory, which is the same on every kernel; under emulation creating them alone would
-///   take minutes. Its exact counts are of a few taps, which the other targets count in every
+///   take minutes. Its exact counts are of a few taps, which the other subjects count in every
 ///   guest;
 /// - `web` tests the metrics endpoint's TLS, basic auth and limits against a Prometheus
 ///   server and a thousand clients: the HTTP side, tap-probe's own doing on every kernel;
@@ -101,8 +106,8 @@ pub(crate) struct Subset {
     pub(crate) like: &'static str,
     /// What this kernel has otherwise than `like`'s.
     pub(crate) differs: &'static str,
-    /// The tests it runs: `TARGET` (all of a target's kernel-dependent tests) or
-    /// `TARGET::TEST`.
+    /// The tests it runs: `LABEL` (all of a subject's or a lib's kernel-dependent tests)
+    /// or `LABEL::TEST`.
     pub(crate) runs: &'static [&'static str],
 }
 
@@ -170,7 +175,7 @@ impl Subset {
         SUBSETS.iter().find(|subset| subset.guest == guest)
     }
 
-    /// Whether it runs `test` of the target labelled `label`.
+    /// Whether it runs `test` of the binary labelled `label`.
     pub(crate) fn runs(&self, label: &str, test: &str) -> bool {
         self.runs.iter().any(|run| match run.split_once("::") {
             Some((target, name)) => target == label && name == test,
@@ -196,25 +201,37 @@ pub(crate) enum Kind {
     Unit,
     /// A test target that needs no root.
     Plain,
-    /// A test target that needs root, real devices and the kernel's programs.
+    /// A subject of the privileged tests: needs root, real devices and the kernel's
+    /// programs.
     Privileged,
 }
 
-/// One test executable.
+/// One test executable, or one subject of the privileged tests' binary.
 #[derive(Clone, Debug)]
 pub(crate) struct Binary {
     /// How the summary names it: a test target by its name, unit tests as `PACKAGE-lib` or
-    /// `PACKAGE-bin`.
+    /// `PACKAGE-bin`, a subject of the privileged tests by its module (`exactness`).
     pub(crate) label: String,
     pub(crate) path: PathBuf,
     /// Its package's directory, where cargo runs tests from.
     pub(crate) dir: PathBuf,
     pub(crate) kind: Kind,
+    /// For a subject of the privileged tests' binary, its module: its tests are those whose
+    /// path starts with it, and they are named without it.
+    pub(crate) module: Option<String>,
 }
 
 impl Binary {
-    /// Whether its tests depend on the running kernel, as a whole (privileged test targets
-    /// but those of [`HOST_ONLY`]) or in part (the libs of [`KERNEL_TEST_LIBS`]).
+    /// The name `--exact` takes for its test `test`.
+    pub(crate) fn exact(&self, test: &str) -> String {
+        match &self.module {
+            Some(module) => format!("{module}::{test}"),
+            None => test.to_owned(),
+        }
+    }
+
+    /// Whether its tests depend on the running kernel, as a whole (subjects of the
+    /// privileged tests but those of [`HOST_ONLY`]) or in part (the libs of [`KERNEL_TEST_LIBS`]).
     pub(crate) fn for_guests(&self) -> bool {
         (self.kind == Kind::Privileged && !HOST_ONLY.contains(&self.label.as_str()))
             || (self.kind == Kind::Unit
@@ -278,18 +295,25 @@ pub(crate) fn build() -> anyhow::Result<Suite> {
             .context("a manifest path without a directory")?
             .as_std_path()
             .to_path_buf();
-        binaries.push(Binary {
+        let binary = Binary {
             label,
             path: path.into_std_path_buf(),
             dir,
             kind,
-        });
+            module: None,
+        };
+        if kind == Kind::Privileged {
+            binaries.extend(subjects(&binary)?);
+        } else {
+            binaries.push(binary);
+        }
     }
     binaries.sort_by(|a, b| a.label.cmp(&b.label));
     binaries.dedup_by(|a, b| a.label == b.label);
     if binaries.is_empty() {
         bail!("cargo test --no-run built no test executables");
     }
+    check_names(&binaries)?;
     let tap_probe = artifacts
         .iter()
         .filter(|artifact| !artifact.profile.test && artifact.target.name == "tap-probe")
@@ -300,6 +324,69 @@ pub(crate) fn build() -> anyhow::Result<Suite> {
         binaries,
         tap_probe,
     })
+}
+
+/// The subjects of a privileged test binary: one per module its tests are in, labelled by
+/// it, so that where a subject runs and what it is expected to show is keyed by its module
+/// (aya's integration tests are one binary, a module per subject, too).
+fn subjects(binary: &Binary) -> anyhow::Result<Vec<Binary>> {
+    let mut modules: Vec<String> = list(binary, &[])?
+        .iter()
+        .map(|test| match test.split_once("::") {
+            Some((module, _)) => Ok(module.to_owned()),
+            None => Err(anyhow::anyhow!(
+                "{}: test `{test}` is in no module: each subject of the privileged tests is a \
+                 module",
+                binary.label
+            )),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    modules.sort();
+    modules.dedup();
+    Ok(modules
+        .into_iter()
+        .map(|module| Binary {
+            label: module.clone(),
+            module: Some(module),
+            ..binary.clone()
+        })
+        .collect())
+}
+
+/// Every subject [`HOST_ONLY`] and [`SUBSETS`] name is one the build made, and every test a
+/// subset names is one of its subject's: a module or a test renamed fails the build's
+/// stage, not a guest's run, which would miss it without a word.
+fn check_names(binaries: &[Binary]) -> anyhow::Result<()> {
+    let find = |label: &str| binaries.iter().find(|binary| binary.label == label);
+    for &label in HOST_ONLY {
+        if find(label).is_none_or(|binary| binary.kind != Kind::Privileged) {
+            bail!(
+                "suite.rs: HOST_ONLY names `{label}`, which is no subject of the privileged tests"
+            );
+        }
+    }
+    for subset in SUBSETS {
+        for run in subset.runs {
+            let (label, test) = run
+                .split_once("::")
+                .map_or((*run, None), |(l, t)| (l, Some(t)));
+            let Some(binary) = find(label) else {
+                bail!(
+                    "suite.rs: {}'s subset names `{label}`, which the build did not make",
+                    subset.guest
+                );
+            };
+            if let Some(test) = test
+                && !list(binary, &[])?.iter().any(|listed| listed == test)
+            {
+                bail!(
+                    "suite.rs: {}'s subset names `{run}`, which is no test",
+                    subset.guest
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What one binary's run took and said.
@@ -358,7 +445,9 @@ pub(crate) fn run_each(binary: &Binary, tests: &[String], since: Instant) -> any
     let mut verdicts = Vec::new();
     for test in tests {
         let mut command = command(binary);
-        command.args(["--exact", test, "--test-threads=1", "--show-output"]);
+        command
+            .args(["--exact", &binary.exact(test)])
+            .args(["--test-threads=1", "--show-output"]);
         let started_s = since.elapsed().as_secs_f64();
         let (lines, status) = cmd::run_collecting(&mut command)?;
         said.extend(output::read(&format!("{}::{test}", binary.label), &lines));
@@ -428,8 +517,9 @@ fn short(path: &Path) -> String {
     )
 }
 
-/// The tests of `binary` that `args` (a filter, `--skip`, `--exact`, as libtest takes them)
-/// select, as `binary --list` names them.
+/// The tests of `binary` that `args` (a filter, `--skip`, `--exact`, as libtest takes them,
+/// on the whole path) select, as `binary --list` names them (a subject's without its
+/// module).
 ///
 /// # Errors
 /// If the binary cannot list its tests.
@@ -446,15 +536,21 @@ pub(crate) fn list(binary: &Binary, args: &[String]) -> anyhow::Result<Vec<Strin
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let tests = listed
         .lines()
-        .filter_map(|line| line.strip_suffix(": test"))
-        .map(str::to_owned)
-        .collect())
+        .filter_map(|line| line.strip_suffix(": test"));
+    Ok(match &binary.module {
+        Some(module) => tests
+            .filter_map(|test| test.strip_prefix(module.as_str())?.strip_prefix("::"))
+            .map(str::to_owned)
+            .collect(),
+        None => tests.map(str::to_owned).collect(),
+    })
 }
 
-/// The tests of `binary` a guest runs, of those `args` select: all of a privileged test
-/// target; of a lib, those in `privileged_tests` and `kernel_tests` modules.
+/// The tests of `binary` a guest runs, of those `args` select: all of a subject of the
+/// privileged tests; of a lib, those in `privileged_tests` and `kernel_tests` modules.
 ///
 /// # Errors
 /// If the binary cannot list its tests.
@@ -479,10 +575,11 @@ mod tests {
             path: PathBuf::new(),
             dir: PathBuf::new(),
             kind: Kind::Unit,
+            module: None,
         }
     }
 
-    /// A subset names targets whole or tests of them; other guests run everything.
+    /// A subset names subjects whole or tests of them; other guests run everything.
     #[test]
     fn a_subset_runs_what_it_names() {
         let subset = Subset::of("debian-6.1").expect("6.1 runs a subset");

@@ -121,7 +121,7 @@ mod tests {
             "test result: ok. 1 passed".to_owned(),
             verdict("exactness", "a", 0),
             "init: running exactness b (uptime 12.00 s)".to_owned(),
-            "thread 'b' (7) panicked at tap-probe/tests/exactness.rs:1:2:".to_owned(),
+            "thread 'b' (7) panicked at tap-probe/tests/privileged/exactness.rs:1:2:".to_owned(),
             "consumed".to_owned(),
             String::new(),
             verdict("exactness", "b", 101),
@@ -148,7 +148,7 @@ mod tests {
         assert_eq!(tests, ["exactness::a", "ring::c"]);
         assert_eq!(
             said.failures(),
-            "exactness::b: panicked at tap-probe/tests/exactness.rs:1:2: consumed"
+            "exactness::b: panicked at tap-probe/tests/privileged/exactness.rs:1:2: consumed"
         );
     }
 

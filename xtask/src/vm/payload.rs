@@ -27,17 +27,20 @@ const TEST_TIMEOUT_S: u32 = 8 * 60;
 /// The init script's start: `tap-probe doctor`, then `run`, which runs one test as a
 /// process of its own (one at a time: they share the guest's tracepoints) under the timeout
 /// in `$timeout_s`, says when it starts, and prints how it ended as a
-/// [`tap_probe_verdict::Verdict`] after `verdict: `, for [`super::console`]. A test's name
-/// is a Rust path and a binary's label a target's name, neither of which JSON must escape.
+/// [`tap_probe_verdict::Verdict`] after `verdict: `, for [`super::console`]. `run LABEL PATH
+/// MODULE TEST ARGS...`: a subject of the privileged tests gives its module (`--exact`
+/// takes the test's whole path), others `''`. A test's name is a Rust path and a label a
+/// module's or a target's name, neither of which JSON must escape.
 const PRELUDE: &str = r#"echo "init: tap-probe doctor"
 /bin/tap-probe doctor
 echo "init: tap-probe doctor exited $?"
 run() {
-    label=$1 path=$2 test=$3
-    shift 3
+    label=$1 path=$2 module=$3 test=$4
+    shift 4
     read -r up _ < /proc/uptime
     echo "init: running $label $test (uptime $up s)"
-    timeout "$timeout_s" "$path" --exact "$test" --test-threads=1 --show-output "$@"
+    timeout "$timeout_s" "$path" --exact "${module:+$module::}$test" --test-threads=1 \
+        --show-output "$@"
     rc=$?
     read -r end _ < /proc/uptime
     # busybox timeout ends the test with SIGTERM: exit status 128 + 15.
@@ -64,6 +67,8 @@ struct BinaryRun<'a> {
     label: &'a str,
     /// Its path in the guest.
     path: &'a str,
+    /// A subject's module (see [`suite::Binary::module`]).
+    module: Option<&'a str>,
     tests: &'a [String],
     args: &'a [String],
 }
@@ -110,11 +115,18 @@ impl Payload {
         let tap_probe = suite.tap_probe.to_str().context("non-UTF-8 target path")?;
         image.executable(tap_probe, &suite.tap_probe)?;
         image.executable("/bin/tap-probe", &suite.tap_probe)?;
+        // The subjects of the privileged tests share their binary: it goes in once.
         let mut paths = Vec::new();
         for (index, _) in &self.runs {
             let binary = &suite.binaries[*index];
-            let path = format!("/tests/{}", binary.label);
-            image.executable(&path, &binary.path)?;
+            let name = binary
+                .path
+                .file_name()
+                .context("a test binary without a name")?;
+            let path = format!("/tests/{}", name.to_string_lossy());
+            if !paths.contains(&path) {
+                image.executable(&path, &binary.path)?;
+            }
             paths.push(path);
         }
         let runs: Vec<BinaryRun<'_>> = self
@@ -124,6 +136,7 @@ impl Payload {
             .map(|((index, tests), path)| BinaryRun {
                 label: &suite.binaries[*index].label,
                 path,
+                module: suite.binaries[*index].module.as_deref(),
                 tests,
                 args: &self.args,
             })
@@ -142,9 +155,10 @@ fn script(runs: &[BinaryRun<'_>]) -> String {
                 .into_iter()
                 .map(str::to_owned)
                 .chain(
-                    std::iter::once(test)
-                        .chain(run.args)
-                        .map(|word| sh_quote(word)),
+                    [run.module.unwrap_or_default(), test]
+                        .into_iter()
+                        .chain(run.args.iter().map(String::as_str))
+                        .map(sh_quote),
                 )
                 .collect();
             script.push_str(&words.join(" "));
@@ -158,18 +172,30 @@ fn script(runs: &[BinaryRun<'_>]) -> String {
 mod tests {
     use super::*;
 
-    /// The init's `run`, in a real shell, on a stand-in for a test binary: its verdict line
-    /// reads as a [`tap_probe_verdict::Verdict`] with the test's exit status.
+    /// The init's `run`, in a real shell, on a stand-in for a test binary that echoes its
+    /// arguments and fails: it is given the subject's test by its whole path, and its
+    /// verdict line reads as a [`tap_probe_verdict::Verdict`] with the test's exit status.
     #[test]
     fn a_tests_verdict_line_reads_back() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let stand_in = std::env::temp_dir().join(format!("xtask-stand-in-{}", std::process::id()));
+        std::fs::write(&stand_in, "#!/bin/sh\necho \"args: $*\"\nexit 3\n").unwrap();
+        std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
         let script = format!(
-            "timeout_s=60\nstatus=0\n{PRELUDE}run ring /bin/false 'a::b'\necho status=$status\n"
+            "timeout_s=60\nstatus=0\n{PRELUDE}run ring {} ring 'a::b' --nocapture\necho status=$status\n",
+            stand_in.display()
         );
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .output()
             .unwrap();
+        std::fs::remove_file(&stand_in).unwrap();
         let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            stdout
+                .contains("args: --exact ring::a::b --test-threads=1 --show-output --nocapture\n"),
+            "{stdout}"
+        );
         let line = stdout
             .lines()
             .find_map(|line| line.strip_prefix(tap_probe_verdict::VERDICT_PREFIX))
@@ -179,7 +205,7 @@ mod tests {
             (verdict.binary.as_str(), verdict.test.as_str()),
             ("ring", "a::b")
         );
-        assert_eq!(verdict.exit, 1, "{stdout}");
+        assert_eq!(verdict.exit, 3, "{stdout}");
         assert!(!verdict.timed_out && verdict.secs() >= 0.0);
         assert!(
             stdout.contains("init: running ring a::b (uptime "),
@@ -192,19 +218,30 @@ mod tests {
     fn each_test_runs_alone_quoted() {
         let tests = ["a_test".to_owned(), "it's".to_owned()];
         let args = ["--skip".to_owned(), "b c".to_owned()];
-        let script = script(&[BinaryRun {
-            label: "ring",
-            path: "/tests/ring",
-            tests: &tests,
-            args: &args,
-        }]);
+        let script = script(&[
+            BinaryRun {
+                label: "tap_probe_lab-lib",
+                path: "/tests/tap_probe_lab-0123",
+                module: None,
+                tests: &tests[..1],
+                args: &args,
+            },
+            BinaryRun {
+                label: "ring",
+                path: "/tests/privileged-4567",
+                module: Some("ring"),
+                tests: &tests,
+                args: &args,
+            },
+        ]);
         assert!(script.starts_with(&format!("timeout_s={TEST_TIMEOUT_S}\n")));
-        let lines: Vec<&str> = script.lines().rev().take(2).collect();
+        let lines: Vec<&str> = script.lines().rev().take(3).collect();
         assert_eq!(
             lines,
             [
-                r"run ring /tests/ring 'it'\''s' '--skip' 'b c'",
-                r"run ring /tests/ring 'a_test' '--skip' 'b c'",
+                r"run ring /tests/privileged-4567 'ring' 'it'\''s' '--skip' 'b c'",
+                r"run ring /tests/privileged-4567 'ring' 'a_test' '--skip' 'b c'",
+                r"run tap_probe_lab-lib /tests/tap_probe_lab-0123 '' 'a_test' '--skip' 'b c'",
             ]
         );
     }

@@ -1,12 +1,6 @@
 //! `NETDEV_TX_BUSY`, queue stops and wakes, on a veth whose peer reads slowly: veth has had
 //! the stop/wake backpressure that the tun series adds since upstream commit dc82a33297fc,
 //! so it is this kernel's test bed for those counters.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +11,8 @@ use tap_probe_observer::host::report::{Row, Value};
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
 
-use common::{Gate, Oracle};
+use crate::common;
+use crate::common::{Gate, Oracle};
 
 const FRAMES: u64 = 20_000;
 /// Per packet on the peer: about 5 kpps, far below what one sender pushes even in an

@@ -1,12 +1,6 @@
 //! `tap-probe record` when things go wrong: a load it cannot keep up with, a stop signal
 //! during it, a kill, a full disk. The file must end at a whole record, say what it lacks,
 //! and the recorder must stop when told.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::Path;
@@ -20,7 +14,8 @@ use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::netns::run_in;
 use tap_probe_observer::os::tap::{Tap, TapOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
 
 /// Kills the recorder if the test fails before it is reaped.
 struct ChildGuard(Option<Child>);

@@ -8,12 +8,6 @@
 //! keep a departed tap's series for the grace and drop them after it, and leave nothing in
 //! the kernel on SIGTERM. Where strace and systemd-analyze exist, every system call it
 //! makes must pass the unit's `SystemCallFilter`.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd as _;
@@ -23,16 +17,18 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::oracle::{Checks, Gate, Oracle};
-use common::service::{Service, left_behind, programs, sample};
-use common::web::{self, PASSWORD, Pki, USER};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::tap::Tap;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
-const UNIT: &str = include_str!("../../deploy/systemd/tap-probe.service");
+use crate::common;
+use crate::common::BIN;
+use crate::common::oracle::{Checks, Gate, Oracle};
+use crate::common::service::{Service, left_behind, programs, sample};
+use crate::common::web::{self, PASSWORD, Pki, USER};
+
+const UNIT: &str = include_str!("../../../deploy/systemd/tap-probe.service");
 /// The user the test runs it as: systemd's `DynamicUser` gives it one of its own; any user
 /// without privileges of its own stands for it.
 const NOBODY: u32 = 65534;

@@ -6,9 +6,8 @@
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
-use crate::leftovers::{self, Host};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common::BIN;
+use crate::stop::leftovers::{self, Host};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -1,16 +1,9 @@
 //! `tap-probe watch` end to end: discovery across namespaces, owners, devices that vanish,
 //! the JSON schema, and bad input.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::Command;
 
-use common::running::{Lines, Running};
 use std::time::Duration;
 
 use tap_probe_observer::bpf::backend::Backend;
@@ -22,9 +15,10 @@ use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::Tap;
 use tap_probe_spec::load::LoadNumbers;
 
-use common::{Gate, Oracle};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
+use crate::common::running::{Lines, Running};
+use crate::common::{Gate, Oracle};
 
 #[test]
 fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {

@@ -6,14 +6,7 @@
 //! processes runs (by PID, everything under it included), none of its BPF programs is loaded
 //! or attached (bpf(2)), and no namespace, device or qdisc it made is left. Bad input
 //! (`bad_input`) ends a run before it starts, and leaves nothing either.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
 mod bad_input;
-#[path = "../common/mod.rs"]
-mod common;
 mod leftovers;
 mod run;
 
@@ -23,9 +16,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use nix::sys::termios::LocalFlags;
 
-use common::stopped_by;
 use leftovers::{Held, Host};
 use run::{Io, Run, Start};
+
+use crate::common;
+use crate::common::stopped_by;
 
 /// How the tests here begin: without root, nothing (the test returns); with it, the test
 /// process made the subreaper of everything it starts, and the host as it was before.

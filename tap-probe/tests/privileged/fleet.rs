@@ -18,12 +18,6 @@
 //! a rate times its window is the counter's increase, exactly. The test requires both of
 //! every series the dashboard rates, and one series per device queue and family, before it
 //! holds any rate to the kernel's count.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::CommandExt as _;
@@ -31,15 +25,17 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::oracle::{Checks, Gate, Oracle};
-use common::prometheus::{Misses, PROMETHEUS, Prometheus, SCRAPE, Series, encode};
-use common::service::{Service, left_behind};
 use serde_json::Value;
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
-const DASHBOARD: &str = include_str!("../../deploy/grafana/tap-probe.json");
+use crate::common;
+use crate::common::BIN;
+use crate::common::oracle::{Checks, Gate, Oracle};
+use crate::common::prometheus::{Misses, PROMETHEUS, Prometheus, SCRAPE, Series, encode};
+use crate::common::service::{Service, left_behind};
+
+const DASHBOARD: &str = include_str!("../../../deploy/grafana/tap-probe.json");
 /// Seconds the loads wait before sending: `serve` has found their devices by then (it
 /// refreshes every half second), so they are counted from birth, and Prometheus has stored
 /// them at zero. With no wait the first stored sample is above zero, and the tap's rate

@@ -4,12 +4,6 @@
 //! `stop-wake:1/2`, the stops, wakes and qdisc drops against a run of the same workload on
 //! a tap with the fix (where the kernel has it). That run's own recording shows the fix's
 //! threshold: between a stop and its wake the reader took half the ring.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
@@ -27,7 +21,9 @@ use tap_probe_replay::policy::Policy;
 use tap_probe_replay::ring::X86_64_BATCH;
 use tap_probe_replay::sim::{SimConfig, simulate};
 
-use common::{Gate, Oracle};
+use crate::common;
+use crate::common::BIN;
+use crate::common::{Gate, Oracle};
 
 const FRAMES: u64 = 20_000;
 const DEV: &str = "tprr0";
@@ -124,7 +120,7 @@ fn start_recorder(
     dev: &str,
     netns: &str,
 ) -> (std::process::Child, std::thread::JoinHandle<String>) {
-    let mut recorder = common::stoppable(&mut Command::new(env!("CARGO_BIN_EXE_tap-probe")))
+    let mut recorder = common::stoppable(&mut Command::new(BIN))
         .args(["record", "-o"])
         .arg(trace)
         .args(["--dev", dev, "--netns", netns, "--duration", "120"])

@@ -6,12 +6,6 @@
 //! tap without `IFF_BACKPRESSURE` on 7.3, or no qdisc at all) or stops its queue so the
 //! qdisc holds the packets (the fix). The identities that hold for both are checked on
 //! every run, then those of the behaviour the kernel has.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::time::Duration;
 
@@ -24,7 +18,8 @@ use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
 use tap_probe_observer::os::tap::TapOptions;
 
-use common::{Checks, Gate, Oracle};
+use crate::common;
+use crate::common::{Checks, Gate, Oracle};
 
 /// Frames sent; the tap's ring holds `tx_queue_len` entries (1000 by default), the reader
 /// takes a few thousand per second, so most of these are dropped: at the ring on a stock

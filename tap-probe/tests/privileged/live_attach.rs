@@ -1,12 +1,6 @@
 //! Attaching to a device that is busy: the kernel's columns are read while packets flow, yet
 //! once the traffic stops they agree with the probes' exactly where the baseline was read
 //! exactly, and within the skew the watcher shows otherwise, under every backend.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +14,8 @@ use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
 
-use common::{Checks, Gate, Oracle};
+use crate::common;
+use crate::common::{Checks, Gate, Oracle};
 
 /// The load: paced, with a reader slower than the sender so that the ring fills and drops
 /// too. It runs this long before the watchers attach, and after they have attached for as

@@ -1,9 +1,5 @@
 //! Test hosts: each test builds its own network namespace and devices, removed by guards on
 //! drop (also when an assertion fails).
-#![allow(
-    dead_code,
-    reason = "each test binary uses its own subset of these helpers"
-)]
 
 pub(crate) mod prometheus;
 pub(crate) mod running;
@@ -31,6 +27,9 @@ pub(crate) mod oracle;
 pub(crate) mod second_reading;
 
 pub(crate) use oracle::{Checks, Gate, Oracle};
+
+/// The tap-probe binary cargo built for these tests.
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
 /// A namespace name no other test or run uses.
 pub(crate) fn unique(tag: &str) -> String {

@@ -7,20 +7,11 @@
 //! kernel: the devices' `tx_dropped` and flags, the stuck tap's qdisc (frames held back) and
 //! `tx_packets` (none taken), the programs' `recursion_misses`. Elsewhere `fleet` evaluates
 //! every alert and dashboard query against a kernel without the flag.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use common::oracle::{Checks, Gate, Oracle};
-use common::prometheus::{Misses, Prometheus, Series};
-use common::service::Service;
 use tap_probe_lab::lab::{self, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
@@ -29,7 +20,12 @@ use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{IFF_BACKPRESSURE, Tap, TapOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
+use crate::common::oracle::{Checks, Gate, Oracle};
+use crate::common::prometheus::{Misses, Prometheus, Series};
+use crate::common::service::Service;
+
 /// The backend `serve` runs with: the cheaper one, which every kernel with the flag has.
 const BACKEND: Backend = Backend::Tracepoint;
 /// The taps' rings (their default `tx_queue_len`), and the frames sent beyond them.

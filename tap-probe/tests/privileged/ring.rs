@@ -1,12 +1,6 @@
 //! The tap's ring as the programs read it: its occupancy against what went in and came out,
 //! and a stopped queue whose reader takes nothing called stuck. Each test asks the kernel
 //! what its tun does with a full ring (or an empty one) and checks that.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::time::Duration;
 
@@ -20,7 +14,8 @@ use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
 
-use common::{Gate, Oracle};
+use crate::common;
+use crate::common::{Gate, Oracle};
 
 /// The tap's ring: `tx_queue_len`, the default of a new tap.
 const RING: u64 = 1000;

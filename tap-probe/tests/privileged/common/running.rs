@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use super::BIN;
 
 /// Kills a `tap-probe` child if the test fails before it is reaped.
 pub(crate) struct ChildGuard(pub(crate) Option<Child>);

@@ -2,17 +2,12 @@
 //! kernel package (`--kernel FILE.deb`) and a kernel build (`--kernel bzImage --modules
 //! DIR`), each booted with a cache directory that does not exist yet. Both boot Debian 11's
 //! 5.10, the oldest kernel tap-probe supports, and run `doctor` there.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use tap_probe_guest::Series;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common::BIN;
 
 /// Debian's 5.10 image package, downloaded once into the user's cache (`--kernel` takes
 /// what a user downloaded; here apt is that user).

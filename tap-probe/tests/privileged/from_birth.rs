@@ -3,18 +3,10 @@
 //! once, in a namespace that was there and in one that was not; and a queue already stopped
 //! when tracking began. The oracles are the kernel's own counters, read with iproute2 (`ip
 //! -s -j link`, `tc -s -j qdisc`), and the reader's count.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::oracle::{Checks, Gate, Oracle};
-use common::running::{Lines, Running};
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::host::discovery::Filter;
@@ -22,6 +14,10 @@ use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
+
+use crate::common;
+use crate::common::oracle::{Checks, Gate, Oracle};
+use crate::common::running::{Lines, Running};
 
 /// Frames of the flood: many times a new tap's ring (its `tx_queue_len`, 1000).
 const FRAMES: u64 = 20_000;

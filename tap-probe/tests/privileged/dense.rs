@@ -5,12 +5,6 @@
 //! `memlock`), follows the queues present and stays within the budget a 256-CPU host can
 //! afford; a sample of the taps counts its traffic exactly, per queue, a queue attached
 //! after tracking began included.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt::Write as _;
@@ -18,8 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::service::Service;
-use common::{Checks, Gate, Oracle};
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::host::discovery::Filter;
@@ -29,7 +21,10 @@ use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
+use crate::common::service::Service;
+use crate::common::{Checks, Gate, Oracle};
 
 /// The host of the smaller budget: 100 VMs of 4 queues, within 16 MB at 256 CPUs.
 const SMALL: (usize, u16, u64) = (100, 4, 16_000_000);

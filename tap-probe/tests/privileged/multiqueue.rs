@@ -1,12 +1,6 @@
 //! A multi-queue tap with a reader per queue: counters land on the queue whose reader took
 //! the packets. The frames belong to many flows, which the tap spreads over its queues by a
 //! hash of their addresses and ports, so that every queue carries traffic.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::time::Duration;
 
@@ -16,7 +10,8 @@ use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
 
-use common::{Gate, Oracle};
+use crate::common;
+use crate::common::{Gate, Oracle};
 
 const FRAMES: u64 = 5_000;
 /// Flows, each with its own source port: the tap hashes each to a queue with a key drawn at

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::service::http_get;
 
 /// The alert rules the server evaluates.
-pub(crate) const RULES: &str = include_str!("../../../deploy/prometheus/tap-probe-rules.yml");
+pub(crate) const RULES: &str = include_str!("../../../../deploy/prometheus/tap-probe-rules.yml");
 /// Debian's package installs the server as this.
 pub(crate) const PROMETHEUS: &str = "prometheus";
 /// Seconds between the server's scrapes, and its rule evaluations.
@@ -154,11 +154,6 @@ impl Prometheus {
             server.addr
         );
         server
-    }
-
-    /// The pid of the server.
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
     }
 
     /// Each scrape target's job and its last scrape's health and error.

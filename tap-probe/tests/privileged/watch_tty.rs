@@ -2,12 +2,6 @@
 //! whose tap goes away before the end, every line fits, and the final summary lists the
 //! device that went away with its exact totals; the full-screen view quits on q and leaves
 //! the terminal as it found it.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::io::Read as _;
 use std::os::fd::OwnedFd;
@@ -21,7 +15,9 @@ use nix::sys::termios::{LocalFlags, tcgetattr};
 use nix::unistd::Pid;
 use tap_probe_spec::load::LoadNumbers;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
+
 const COLUMNS: u16 = 100;
 
 /// Kills a child that the test did not reap (a failed assertion), so nothing outlives it.

@@ -1,18 +1,13 @@
 //! `tap-probe check` and `tap-probe bench` end to end, on whatever kernel runs the tests:
 //! what each must do depends on which version of the tail-drop fix the kernel has, and the
 //! tests ask the kernel (`TUNGETFEATURES`, `/dev/vhost-net`) rather than assume.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
 
 /// Runs `tap-probe check SPEC --junit` on `spec`; returns the output and the `JUnit` text.
 fn check(dir: &Path, spec: &str) -> (Output, String) {

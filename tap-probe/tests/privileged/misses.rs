@@ -2,17 +2,12 @@
 //! reads its own programs' misses with: a quiet program reads 0, and each nesting the
 //! lab's programs cause adds exactly one. A reading of the wrong field, or of nothing, fails
 //! here rather than quietly opening every oracle test's gate (see `common::short`).
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use tap_probe_lab::lab::{KprobeLab, RecursionLab};
 use tap_probe_observer::bpf::backend::Backend;
 
-use common::{Gate, Oracle};
+use crate::common;
+use crate::common::{Gate, Oracle};
 
 /// Triggers per round; two rounds, so that a count that only ever reads 0 or 1 fails.
 const ROUNDS: [u32; 2] = [3, 7];

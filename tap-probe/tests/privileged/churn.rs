@@ -1,12 +1,6 @@
 //! A long-running `watch --prometheus` while thousands of devices come and go: more than the
 //! probe's tables hold. It must keep serving, say which devices it does not count, and count
 //! a device that lives through it all exactly.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -17,7 +11,9 @@ use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
+
 /// Rounds of churn: each fills a namespace with taps and veths and deletes it.
 const ROUNDS: usize = 3;
 /// Per round: taps (one queue each) and veth pairs (two devices, one queue per possible CPU

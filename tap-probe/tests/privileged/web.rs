@@ -7,12 +7,6 @@
 //! changes. The limits hold: a request head too large gets 431, a method other than GET and
 //! HEAD 405, keep-alive keeps one connection, and a thousand idle connections with fifty
 //! clients sending a byte a second neither fail a scrape nor grow the server past 100 MB.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -20,15 +14,17 @@ use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::oracle::{Checks, Gate, Oracle};
-use common::prometheus::{PROMETHEUS, Prometheus, SCRAPE, Series, Target};
-use common::service::Service;
-use common::web::{self, PASSWORD, Pki, USER};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::os::netlink::RootQdisc;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common;
+use crate::common::BIN;
+use crate::common::oracle::{Checks, Gate, Oracle};
+use crate::common::prometheus::{PROMETHEUS, Prometheus, SCRAPE, Series, Target};
+use crate::common::service::Service;
+use crate::common::web::{self, PASSWORD, Pki, USER};
+
 const FRAMES: u32 = 500;
 /// The families whose samples count the test's frames, each its kernel's figure.
 const COUNTED: &[&str] = &[

@@ -18,7 +18,7 @@ use nix::pty::{Winsize, openpty};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common::BIN;
 
 /// How a run is connected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,17 +3,12 @@
 //! over `/sys/kernel/btf` hides the kernel's BTF, a copy of `/proc/kallsyms` without tun's
 //! and tap's symbols, mounted over it, hides those. The command names what is missing in one
 //! line and exits 2, without a panic; `doctor` still prints its whole report first.
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
 use std::ffi::CString;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
+use crate::common::BIN;
 
 /// What the command's mount namespace hides.
 enum Hide<'a> {

@@ -3,12 +3,6 @@
 //! receiving TCP stack's own out-of-order counter (`TcpExtTCPOFOQueue`) behind a veth whose
 //! peer reads slowly, where a busy driver and the qdisc's requeue reorder TCP (the seeds'
 //! "net/sched: fix packet reordering on requeue").
-#![expect(
-    unused_crate_dependencies,
-    reason = "a test binary uses a few of the package's dependencies"
-)]
-
-mod common;
 
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
@@ -24,7 +18,8 @@ use tap_probe_observer::host::report::Row;
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
 
-use common::{Checks, Gate, Oracle};
+use crate::common;
+use crate::common::{Checks, Gate, Oracle};
 
 /// Per packet on the veth peer: slow enough that one TCP sender fills the ring, on this host
 /// and under TCG alike.
