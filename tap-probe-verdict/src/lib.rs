@@ -1,4 +1,5 @@
-//! What a privileged test tells `cargo xtask test`: the checks it made against oracles.
+//! What a privileged test tells `cargo xtask test`: the checks it made against oracles, and
+//! what it could not run here or ran again.
 //!
 //! A test counts its comparisons with witnesses that are not tap-probe (the kernel's own
 //! counters, the reader's and the sender's counts, the qdisc) and, when it ends, prints one
@@ -7,6 +8,10 @@
 //! ```text
 //! oracle: {"outcome":"gated","count":6,"oracle":"qdisc","backend":"kprobe","why":"the kernel skipped runs of its programs"}
 //! ```
+//!
+//! A test (or a part of it) that cannot run here prints a [`Skip`] after [`SKIP_PREFIX`]
+//! and a scenario run again a [`Retry`] after [`RETRY_PREFIX`], each a JSON line too;
+//! `xtask/expected.toml` names a skip as its [`Display`](std::fmt::Display) words it.
 //!
 //! xtask reads the same type back, so an oracle or a field renamed on one side fails to
 //! compile on the other, and no spelling of a line has to be parsed by hand. (The shape is
@@ -24,6 +29,135 @@ pub const PREFIX: &str = "oracle: ";
 
 /// What starts a verdict's line in a guest's console.
 pub const VERDICT_PREFIX: &str = "verdict: ";
+
+/// What starts a skip's line in a test's output.
+pub const SKIP_PREFIX: &str = "skip: ";
+
+/// What starts a retry's line in a test's output.
+pub const RETRY_PREFIX: &str = "retry: ";
+
+/// `value`'s line: `prefix` and its JSON.
+fn json_line(prefix: &str, value: &impl Serialize) -> String {
+    // Structs of strings, numbers and unit enums always serialize.
+    let json = serde_json::to_string(value).unwrap_or_default();
+    format!("{prefix}{json}")
+}
+
+/// A test, or a part of one, that cannot run on this kernel or machine, and why. The test
+/// goes on without it (a part) or returns and passes (the whole test): xtask holds every
+/// kernel's skips to `xtask/expected.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Skip {
+    /// What it skipped (`backend Kprobe`, `ring occupancy`); none for the whole test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<String>,
+    pub why: String,
+}
+
+impl Skip {
+    /// The whole test is skipped.
+    #[must_use]
+    pub fn test(why: impl Into<String>) -> Self {
+        Self {
+            part: None,
+            why: why.into(),
+        }
+    }
+
+    /// `part` of the test is skipped.
+    #[must_use]
+    pub fn part(part: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            part: Some(part.into()),
+            why: why.into(),
+        }
+    }
+
+    /// The line a test prints: [`SKIP_PREFIX`] and the skip's JSON.
+    #[must_use]
+    pub fn line(&self) -> String {
+        json_line(SKIP_PREFIX, self)
+    }
+
+    /// Prints its line, for xtask (and a reader).
+    pub fn print(&self) {
+        eprintln!("{}", self.line());
+    }
+
+    /// A skip from its JSON (the part of a line after [`SKIP_PREFIX`]).
+    ///
+    /// # Errors
+    /// If it is not a skip's JSON.
+    pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+}
+
+/// `skipping test - WHY`, `skipping PART - WHY`: how summaries word it and
+/// `xtask/expected.toml` names it.
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let part = self.part.as_deref().unwrap_or("test");
+        write!(f, "skipping {part} - {}", self.why)
+    }
+}
+
+/// A scenario a test ran again, because a run could not be checked exactly, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retry {
+    /// The scenario, as the test names it.
+    pub scenario: String,
+    /// The attempt that is ending, from 1, of `attempts`.
+    pub attempt: u32,
+    pub attempts: u32,
+    pub why: String,
+}
+
+impl Retry {
+    /// The line a test prints: [`RETRY_PREFIX`] and the retry's JSON.
+    #[must_use]
+    pub fn line(&self) -> String {
+        json_line(RETRY_PREFIX, self)
+    }
+
+    /// Prints its line, for xtask (and a reader).
+    pub fn print(&self) {
+        eprintln!("{}", self.line());
+    }
+
+    /// A retry from its JSON (the part of a line after [`RETRY_PREFIX`]).
+    ///
+    /// # Errors
+    /// If it is not a retry's JSON.
+    pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+}
+
+/// `retrying - SCENARIO: attempt N of M: WHY`, as summaries word it.
+impl std::fmt::Display for Retry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "retrying - {}: attempt {} of {}: {}",
+            self.scenario, self.attempt, self.attempts, self.why
+        )
+    }
+}
+
+/// Whether this process runs as root, which the privileged tests need; elsewhere each says
+/// so with a [`Skip`] and passes (the form aya's tests use), so that a plain run of them
+/// without root shows what it did not test.
+#[must_use]
+pub fn root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        Skip::test("not root").print();
+    }
+    root
+}
 
 /// How one test's process ended. In a guest its times are the guest's uptime, on the host
 /// seconds since the stage began.
@@ -182,9 +316,7 @@ impl Tally {
     /// The line a test prints: [`PREFIX`] and the tally's JSON.
     #[must_use]
     pub fn line(&self) -> String {
-        // A struct of strings, numbers and unit enums always serializes.
-        let json = serde_json::to_string(self).unwrap_or_default();
-        format!("{PREFIX}{json}")
+        json_line(PREFIX, self)
     }
 
     /// A tally from its JSON (the part of a line after [`PREFIX`]).
@@ -238,6 +370,45 @@ mod tests {
         assert_eq!(verdict.test, "a::b");
         assert!(!verdict.passed());
         assert!((verdict.secs() - 8.25).abs() < 1e-9);
+    }
+
+    /// A skip and a retry read back as written, and word themselves as summaries and
+    /// `xtask/expected.toml` name them.
+    #[test]
+    fn skips_and_retries_read_back_as_written() {
+        for skip in [
+            Skip::test("this kernel has no kprobes"),
+            Skip::part("backend Kprobe", "no kprobes: \"quoted\"\nand a new line"),
+        ] {
+            let line = skip.line();
+            assert!(!line.contains('\n'), "{line}");
+            let json = line.strip_prefix(SKIP_PREFIX).unwrap();
+            assert_eq!(Skip::parse(json).unwrap(), skip);
+        }
+        assert_eq!(
+            Skip::test("no fq_codel").to_string(),
+            "skipping test - no fq_codel"
+        );
+        assert_eq!(
+            Skip::part("ring occupancy", "no BTF for tun").to_string(),
+            "skipping ring occupancy - no BTF for tun"
+        );
+        let retry = Retry {
+            scenario: "multiqueue".to_owned(),
+            attempt: 1,
+            attempts: 4,
+            why: "the kernel skipped runs".to_owned(),
+        };
+        let line = retry.line();
+        assert_eq!(
+            Retry::parse(line.strip_prefix(RETRY_PREFIX).unwrap()).unwrap(),
+            retry
+        );
+        assert_eq!(
+            retry.to_string(),
+            "retrying - multiqueue: attempt 1 of 4: the kernel skipped runs"
+        );
+        assert!(Skip::parse(r#"{"why":"x","test":"y"}"#).is_err());
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub(crate) struct Kernel {
     skip: Vec<Skip>,
 }
 
-/// An expected skip: the test (`BINARY::TEST`) and a part of the line it prints.
+/// An expected skip: the test (`LABEL::TEST`) and a part of its words
+/// ([`tap_probe_verdict::Skip`]'s `Display`: `skipping PART - WHY`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Skip {
@@ -78,8 +79,8 @@ struct Skip {
 
 impl Skip {
     /// Whether `said` is this skip: its test (any, for `*`) and its line.
-    fn matches(&self, said: &crate::output::Said) -> bool {
-        (self.test == "*" || self.test == said.test) && said.line.contains(&self.line)
+    fn matches(&self, said: &crate::output::Said<tap_probe_verdict::Skip>) -> bool {
+        (self.test == "*" || self.test == said.test) && said.what.to_string().contains(&self.line)
     }
 }
 
@@ -147,14 +148,14 @@ impl Kernel {
         }
         for line in &said.malformed {
             problems.push(format!(
-                "an oracle line that does not read as a tally: {line}"
+                "a test's line that does not read as what it starts like: {line}"
             ));
         }
         for (oracle, backend) in self.required() {
             let made: u64 = said
                 .tallies
                 .iter()
-                .map(|t| &t.checks)
+                .map(|t| &t.what)
                 .filter(|t| t.outcome == Outcome::Exact && t.oracle == oracle)
                 .filter(|t| backend.is_none_or(|b| t.backend.as_deref() == Some(b)))
                 .map(|t| t.count)
@@ -207,7 +208,7 @@ type Kinds<'a> = (Outcome, Oracle, &'a str, Option<&'a str>);
 pub(crate) fn tally_lines(said: &Output) -> String {
     let mut counts: BTreeMap<Kinds<'_>, (u64, Vec<&str>)> = BTreeMap::new();
     for said in &said.tallies {
-        let t = &said.checks;
+        let t = &said.what;
         let entry = counts
             .entry((t.outcome, t.oracle, t.by(), t.why.as_deref()))
             .or_default();
@@ -306,10 +307,11 @@ may = true
         let host = expected.of(HOST, "6.18.44-x").unwrap();
         let mut said = read(
             "misses::kprobe",
-            &["skipping test - this kernel has no kprobes"],
+            &[tap_probe_verdict::Skip::test("this kernel has no kprobes").line()],
         );
         // What the whole kernel lacks, in any test.
-        let mut other = vec!["skipping backend Kprobe - no kprobes here".to_owned()];
+        let mut other =
+            vec![tap_probe_verdict::Skip::part("backend Kprobe", "no kprobes here").line()];
         other.extend(all_required("tracepoint"));
         said.extend(read("misses::other", &other));
         // A skip that may happen is not required...
@@ -318,7 +320,7 @@ may = true
         let mut with_may = said.clone();
         with_may.extend(read(
             "misses::busy",
-            &["skipping part - fewer requeues than 50000"],
+            &[tap_probe_verdict::Skip::part("part", "fewer requeues than 50000").line()],
         ));
         assert_eq!(host.problems(&with_may), Vec::<String>::new());
         let summary = tally_lines(&said);
@@ -331,8 +333,8 @@ may = true
         let expected = Expected::parse(FILE_TEXT).unwrap();
         assert!(expected.of(HOST, "6.1.0").is_err(), "another host kernel");
         let host = expected.of(HOST, "6.18.1").unwrap();
-        let mut lines = vec!["skipping test - no fq_codel".to_owned()];
-        lines.push("skipping backend Kprobe - no kprobes here".to_owned());
+        let mut lines = vec![tap_probe_verdict::Skip::test("no fq_codel").line()];
+        lines.push(tap_probe_verdict::Skip::part("backend Kprobe", "no kprobes here").line());
         lines.extend(all_required("tracepoint").into_iter().skip(1));
         lines.push(
             r#"oracle: {"outcome":"exact","count":1,"oracle":"astrology","backend":null}"#

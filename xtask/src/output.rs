@@ -1,49 +1,46 @@
 //! What a test said, read from its own process's output: each test runs alone (on the host
 //! and in a guest), so every line it printed is its own, and nothing of libtest's report
-//! around it is read. The lines kept:
-//! - `skipping ...`: the test (or a part of it) cannot run here and says why;
-//! - `retrying - ...`: the test ran its scenario again, and why;
-//! - `oracle: {...}`: the checks it made against an oracle, a [`tap_probe_verdict::Tally`]
-//!   in JSON (see `tap-probe/tests/privileged/common/oracle.rs`);
-//! - the standard panic hook's `thread 'NAME' (TID) panicked at FILE:LINE:COL:` and the
-//!   message's first lines, in a failed test's output: where and why it failed, for the
-//!   last line of a failed run.
+//! around it is read. The lines kept are the JSON lines of `tap-probe-verdict`, read back
+//! as its types:
+//! - `skip: {...}`: the test (or a part of it) cannot run here, and why
+//!   ([`tap_probe_verdict::Skip`]);
+//! - `retry: {...}`: the test ran its scenario again, and why
+//!   ([`tap_probe_verdict::Retry`]);
+//! - `oracle: {...}`: the checks it made against an oracle ([`tap_probe_verdict::Tally`],
+//!   see `tap-probe/tests/privileged/common/oracle.rs`);
+//!
+//! and the standard panic hook's `thread 'NAME' (TID) panicked at FILE:LINE:COL:` with the
+//! message's first lines, in a failed test's output: where and why it failed, for the
+//! last line of a failed run.
 
 use std::fmt;
 
-/// One line a test printed that the summary keeps: a skip or a retry.
+use tap_probe_verdict::{Retry, Skip, Tally};
+
+/// One thing a test said that the summary keeps, and which test said it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Said {
-    /// `BINARY::TEST`.
+pub(crate) struct Said<T> {
+    /// `LABEL::TEST`.
     pub(crate) test: String,
-    /// The line it printed.
-    pub(crate) line: String,
+    pub(crate) what: T,
 }
 
-impl fmt::Display for Said {
+impl<T: fmt::Display> fmt::Display for Said<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.test, self.line)
+        write!(f, "{}: {}", self.test, self.what)
     }
-}
-
-/// Checks of one kind a test counted, and which test.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Tally {
-    /// `BINARY::TEST`.
-    pub(crate) test: String,
-    pub(crate) checks: tap_probe_verdict::Tally,
 }
 
 /// Everything one or more test binaries said.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Output {
-    pub(crate) skips: Vec<Said>,
-    pub(crate) retries: Vec<Said>,
-    pub(crate) tallies: Vec<Tally>,
-    /// Lines that start like an oracle tally but do not read as one.
-    pub(crate) malformed: Vec<Said>,
+    pub(crate) skips: Vec<Said<Skip>>,
+    pub(crate) retries: Vec<Said<Retry>>,
+    pub(crate) tallies: Vec<Said<Tally>>,
+    /// Lines that start like one of the test's JSON lines but do not read as one, and why.
+    pub(crate) malformed: Vec<Said<String>>,
     /// Per failed test, where it panicked and the message's first lines.
-    pub(crate) panics: Vec<Said>,
+    pub(crate) panics: Vec<Said<String>>,
 }
 
 impl Output {
@@ -55,21 +52,17 @@ impl Output {
         self.panics.extend(other.panics);
     }
 
-    /// The panics, one per test, for an error message: `BINARY::TEST: panicked at ...: MESSAGE`.
+    /// The panics, one per test, for an error message: `LABEL::TEST: panicked at ...: MESSAGE`.
     pub(crate) fn failures(&self) -> String {
         let panics: Vec<String> = self.panics.iter().map(ToString::to_string).collect();
         panics.join("; ")
     }
 }
 
-/// What the test `test` (`BINARY::TEST`) said in `lines`, its process's output.
+/// What the test `test` (`LABEL::TEST`) said in `lines`, its process's output.
 pub(crate) fn read<S: AsRef<str>>(test: &str, lines: &[S]) -> Output {
     let mut out = Output::default();
     let mut lines = lines.iter().map(AsRef::as_ref).peekable();
-    let said = |line: &str| Said {
-        test: test.to_owned(),
-        line: line.trim().to_owned(),
-    };
     while let Some(line) = lines.next() {
         let trimmed = line.trim_start();
         if let Some(at) = panicked_at(trimmed) {
@@ -83,26 +76,55 @@ pub(crate) fn read<S: AsRef<str>>(test: &str, lines: &[S]) -> Output {
             }
             out.panics.push(Said {
                 test: test.to_owned(),
-                line: message.join(" "),
+                what: message.join(" "),
             });
-        } else if trimmed.starts_with("skipping") {
-            out.skips.push(said(line));
-        } else if trimmed.starts_with("retrying") {
-            out.retries.push(said(line));
+        } else if let Some(json) = trimmed.strip_prefix(tap_probe_verdict::SKIP_PREFIX) {
+            keep(
+                &mut out.skips,
+                &mut out.malformed,
+                test,
+                line,
+                Skip::parse(json),
+            );
+        } else if let Some(json) = trimmed.strip_prefix(tap_probe_verdict::RETRY_PREFIX) {
+            keep(
+                &mut out.retries,
+                &mut out.malformed,
+                test,
+                line,
+                Retry::parse(json),
+            );
         } else if let Some(json) = trimmed.strip_prefix(tap_probe_verdict::PREFIX) {
-            match tap_probe_verdict::Tally::parse(json) {
-                Ok(checks) => out.tallies.push(Tally {
-                    test: test.to_owned(),
-                    checks,
-                }),
-                Err(e) => out.malformed.push(Said {
-                    line: format!("{}: {e}", line.trim()),
-                    test: test.to_owned(),
-                }),
-            }
+            keep(
+                &mut out.tallies,
+                &mut out.malformed,
+                test,
+                line,
+                Tally::parse(json),
+            );
         }
     }
     out
+}
+
+/// What `test` said in `line`, read as `read` says: kept, or malformed and why.
+fn keep<T, E: fmt::Display>(
+    kept: &mut Vec<Said<T>>,
+    malformed: &mut Vec<Said<String>>,
+    test: &str,
+    line: &str,
+    read: Result<T, E>,
+) {
+    match read {
+        Ok(what) => kept.push(Said {
+            test: test.to_owned(),
+            what,
+        }),
+        Err(e) => malformed.push(Said {
+            test: test.to_owned(),
+            what: format!("{}: {e}", line.trim()),
+        }),
+    }
 }
 
 /// How much of a panic's message an error line carries.
@@ -118,7 +140,8 @@ fn ends_panic_message(line: &str) -> bool {
             .any(|start| line.starts_with(start))
 }
 
-/// `FILE:LINE:COL:` of libtest's `thread 'NAME' (TID) panicked at FILE:LINE:COL:`.
+/// `FILE:LINE:COL:` of the standard panic hook's `thread 'NAME' (TID) panicked at
+/// FILE:LINE:COL:`.
 fn panicked_at(line: &str) -> Option<&str> {
     let rest = line.strip_prefix("thread '")?;
     let (_, at) = rest.split_once(" panicked at ")?;
@@ -138,8 +161,11 @@ mod tests {
             "test b ... ok",
             "---- b stdout ----",
             "kernel tx_dropped 3",
-            "skipping backend Kprobe - no kprobes",
-            "retrying - ro-rq: attempt 1 of 3: every backend short",
+            // Words alone are not read: a test says what it skipped as a JSON line.
+            "skipping test - in words",
+            r#"skip: {"part":"backend Kprobe","why":"no kprobes"}"#,
+            r#"retry: {"scenario":"ro-rq","attempt":1,"attempts":3,"why":"every backend short"}"#,
+            r#"skip: {"what":"backend Kprobe"}"#,
             r#"oracle: {"outcome":"exact","count":12,"oracle":"device-stats","backend":"tracepoint"}"#,
             r#"oracle: {"outcome":"bound","count":2,"oracle":"reader","backend":"kprobe"}"#,
             r#"oracle: {"outcome":"gated","count":3,"oracle":"qdisc","backend":null,"why":"the kernel skipped runs - of its programs"}"#,
@@ -153,11 +179,14 @@ mod tests {
             skips,
             ["exactness::b: skipping backend Kprobe - no kprobes"]
         );
-        assert_eq!(out.retries.len(), 1);
-        assert_eq!(out.retries[0].test, "exactness::b");
-        let tally = |outcome, count, oracle, backend: Option<&str>, why: Option<&str>| Tally {
+        let retries: Vec<String> = out.retries.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            retries,
+            ["exactness::b: retrying - ro-rq: attempt 1 of 3: every backend short"]
+        );
+        let tally = |outcome, count, oracle, backend: Option<&str>, why: Option<&str>| Said {
             test: "exactness::b".to_owned(),
-            checks: tap_probe_verdict::Tally {
+            what: Tally {
                 outcome,
                 count,
                 oracle,
@@ -185,8 +214,8 @@ mod tests {
                 ),
             ]
         );
-        // A gated tally without its reason, and a count that is not one.
-        assert_eq!(out.malformed.len(), 2);
+        // A skip without its reason, a gated tally without its, and a count that is not one.
+        assert_eq!(out.malformed.len(), 3, "{:?}", out.malformed);
     }
 
     #[test]

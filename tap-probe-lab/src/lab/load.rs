@@ -657,7 +657,7 @@ mod privileged_tests {
     /// counted too.
     #[test]
     fn fast_reader_accounts_for_every_packet() {
-        if !tap_probe_observer::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let cfg = LoadConfig {
@@ -687,7 +687,7 @@ mod privileged_tests {
     /// the fix the queue stops and the qdisc drops them at its limit instead.
     #[test]
     fn slow_reader_drops_where_the_kernel_says() {
-        if !tap_probe_observer::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let session = SessionConfig {
@@ -739,7 +739,7 @@ mod privileged_tests {
     /// behind, where it has not.
     #[test]
     fn backpressure_is_refused_where_the_kernel_lacks_it() {
-        if !tap_probe_observer::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let features = tap_probe_observer::os::tap::tun_features().unwrap();
@@ -783,7 +783,7 @@ mod privileged_tests {
 
     #[test]
     fn session_exposes_device_before_traffic() {
-        if !tap_probe_observer::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let stop = Arc::new(AtomicBool::new(false));

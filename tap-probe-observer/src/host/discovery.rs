@@ -658,7 +658,7 @@ mod privileged_tests {
 
     #[test]
     fn finds_tap_with_owner_and_veth() {
-        if !crate::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-disc-{}", std::process::id())).unwrap();

@@ -494,6 +494,8 @@ fn tagged(kind: &str, name: &str) -> String {
 /// run them too (`cargo xtask vm` picks `kernel_tests` modules out of the unit tests).
 #[cfg(test)]
 mod kernel_tests {
+    use tap_probe_verdict::Skip;
+
     use super::*;
 
     /// The host's BTF, or `None` (after saying why) when this machine has none readable.
@@ -501,7 +503,7 @@ mod kernel_tests {
         match load_vmlinux() {
             Ok(btf) => Some(btf),
             Err(err) => {
-                eprintln!("skipping test - {err:#}");
+                Skip::test(format!("{err:#}")).print();
                 None
             }
         }
@@ -553,7 +555,7 @@ mod kernel_tests {
         let (ring, from) = match ring_facts(&btf) {
             Ok(found) => found,
             Err(err) => {
-                eprintln!("skipping test - {err:#}");
+                Skip::test(format!("{err:#}")).print();
                 return;
             }
         };
@@ -579,7 +581,7 @@ mod kernel_tests {
         if facts.drop_class == DropClass::Path as u32 {
             // Before 5.17 there is no enum; from 5.17 until tun gave FULL_RING, no such name.
             assert!(!names.values().any(|n| n == "full_ring"), "{names:?}");
-            eprintln!("skipping test - this kernel has no drop reason FULL_RING");
+            Skip::test("this kernel has no drop reason FULL_RING").print();
             return;
         }
         assert_eq!(

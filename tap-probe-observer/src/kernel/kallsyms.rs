@@ -382,6 +382,8 @@ ffffffff82000000 D some_data
 /// run it too (`cargo xtask vm` picks `kernel_tests` modules out of the unit tests).
 #[cfg(test)]
 mod kernel_tests {
+    use tap_probe_verdict::Skip;
+
     use super::*;
 
     #[test]
@@ -389,7 +391,7 @@ mod kernel_tests {
         let syms = match Kallsyms::read() {
             Ok(syms) => syms,
             Err(err) => {
-                eprintln!("skipping test - {err:#}");
+                Skip::test(format!("{err:#}")).print();
                 return;
             }
         };

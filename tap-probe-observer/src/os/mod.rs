@@ -12,15 +12,3 @@ pub mod signals;
 pub mod stdio;
 pub mod sysfs;
 pub mod tap;
-
-/// Whether this process runs as root, which the privileged tests need; elsewhere they say
-/// so and pass (`skipping test - not root`, the form aya's tests use). It lives here, below
-/// everything, because the privileged tests of every layer ask it.
-#[must_use]
-pub fn root() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        eprintln!("skipping test - not root");
-    }
-    root
-}

@@ -331,7 +331,7 @@ mod privileged_tests {
 
     #[test]
     fn named_netns_lifecycle() {
-        if !crate::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let name = format!("tp-test-netns-{}", std::process::id());
@@ -369,7 +369,7 @@ mod privileged_tests {
 
     #[test]
     fn run_in_propagates_errors() {
-        if !crate::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let err = run_in(Path::new("/nonexistent/ns"), || Ok(())).unwrap_err();

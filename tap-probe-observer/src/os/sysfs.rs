@@ -117,7 +117,7 @@ mod privileged_tests {
 
     #[test]
     fn reads_tun_flags_of_a_tap_in_another_namespace() {
-        if !crate::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-sysfs-{}", std::process::id())).unwrap();

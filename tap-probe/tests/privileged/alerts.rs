@@ -19,6 +19,7 @@ use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{IFF_BACKPRESSURE, Tap, TapOptions};
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::BIN;
@@ -224,19 +225,20 @@ fn check(fired: &[(&str, Vec<Series>)], devices: &[Device], misses: Option<Misse
 
 #[test]
 fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();
     if !common::has_backpressure_flag(&kernel) {
-        println!(
-            "skipping test - this kernel's tun has no IFF_BACKPRESSURE (fleet evaluates the \
-             alerts on the host)"
-        );
+        Skip::test(
+            "this kernel's tun has no IFF_BACKPRESSURE (fleet evaluates the \
+             alerts on the host)",
+        )
+        .print();
         return;
     }
     if !common::prometheus::installed() {
-        println!("skipping test - no prometheus here (cargo xtask setup installs it)");
+        Skip::test("no prometheus here (cargo xtask setup installs it)").print();
         return;
     }
     let slow = f64::from(common::slowdown());

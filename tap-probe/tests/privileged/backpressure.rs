@@ -10,6 +10,7 @@ use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::{Row, Value};
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::{Gate, Oracle};
@@ -42,11 +43,11 @@ fn veth_bulk_dequeue_requeues_the_rest_behind_a_busy() {
     reason = "one scenario: set up, drive, and check each identity against the kernel"
 )]
 fn veth_with_slow_peer(queues: u32) {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     if let Some(why) = SlowConsumer::unavailable() {
-        eprintln!("skipping test - {why}");
+        Skip::test(why).print();
         return;
     }
     let ns = common::quiet_netns("bp").unwrap();
@@ -112,10 +113,11 @@ fn veth_with_slow_peer(queues: u32) {
                 "busy where the qdisc requeued nothing",
             );
         }
-        println!(
-            "skipping test - this kernel's veth tail-drops (no qdisc backpressure): its qdisc \
+        Skip::test(format!(
+            "this kernel's veth tail-drops (no qdisc backpressure): its qdisc \
              requeued nothing, the device dropped {kernel_dropped}"
-        );
+        ))
+        .print();
         return;
     }
 

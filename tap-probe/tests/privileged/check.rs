@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 use crate::common;
 use crate::common::BIN;
+use tap_probe_verdict::Skip;
 
 /// Runs `tap-probe check SPEC --junit` on `spec`; returns the output and the `JUnit` text.
 fn check(dir: &Path, spec: &str) -> (Output, String) {
@@ -34,7 +35,7 @@ const SLOW: &str = "packets = 12000\npps = 6000\nreader_pps = 2000\ntx_queue_len
 
 #[test]
 fn a_spec_that_holds_passes_and_one_that_cannot_hold_fails() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -82,11 +83,11 @@ fn a_spec_that_holds_passes_and_one_that_cannot_hold_fails() {
 
 #[test]
 fn backpressure_where_the_kernel_lacks_it_is_a_problem_of_the_kernel() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     if common::tun_has_backpressure().unwrap() {
-        println!("skipping test - this kernel has IFF_BACKPRESSURE");
+        Skip::test("this kernel has IFF_BACKPRESSURE").print();
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -103,11 +104,11 @@ fn backpressure_where_the_kernel_lacks_it_is_a_problem_of_the_kernel() {
 
 #[test]
 fn the_vhost_reader_accounts_for_every_frame() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     if !Path::new("/dev/vhost-net").exists() {
-        println!("skipping test - no /dev/vhost-net on this kernel (load vhost_net)");
+        Skip::test("no /dev/vhost-net on this kernel (load vhost_net)").print();
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -138,7 +139,7 @@ fn the_vhost_reader_accounts_for_every_frame() {
 
 #[test]
 fn bench_measures_every_cell_or_says_why_not() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let out = Command::new(BIN)

@@ -231,7 +231,7 @@ fn survivor_counted_exactly(
 
 #[test]
 fn watch_survives_churn_beyond_its_tables_and_stays_exact() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     raise_open_files();

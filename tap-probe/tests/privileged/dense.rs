@@ -413,7 +413,7 @@ fn serve(netns_glob: &str) -> Service {
 
 #[test]
 fn every_tap_of_a_dense_host_is_tracked_within_its_memory_budget() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     raise_open_files();

@@ -35,7 +35,7 @@ struct Setup {
 }
 
 fn tap_with_slow_reader(setup: Setup) {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();
@@ -383,7 +383,7 @@ fn voluntary_switches(status: &std::fs::File) -> u64 {
 /// when the ring is empty, so the two must be equal.
 #[test]
 fn reader_sleeps_match_the_readers_context_switches() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("sleep").unwrap();

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::BIN;
@@ -493,14 +494,15 @@ fn per_queue_the_dashboard_and_the_alerts_show_what_the_kernel_counted() {
     reason = "one scenario, start to stop, in order"
 )]
 fn scenario(form: Form) {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     if !common::prometheus::installed() {
-        println!(
-            "skipping test - no {PROMETHEUS} here (Debian's prometheus package; cargo xtask \
+        Skip::test(format!(
+            "no {PROMETHEUS} here (Debian's prometheus package; cargo xtask \
              setup installs it)"
-        );
+        ))
+        .print();
         return;
     }
     let started = now();

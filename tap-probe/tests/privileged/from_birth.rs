@@ -14,6 +14,7 @@ use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::oracle::{Checks, Gate, Oracle};
@@ -239,7 +240,7 @@ fn check_new_tap_row(
 /// A tap created in a namespace being watched, flooded the moment it exists.
 #[test]
 fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("born").unwrap();
@@ -259,7 +260,7 @@ fn a_tap_created_while_watching_is_counted_from_its_first_packet() {
 /// namespace), flooded the moment it exists.
 #[test]
 fn a_tap_in_a_new_namespace_is_counted_from_its_first_packet() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let tag = format!("tp-bornns-{}", std::process::id());
@@ -307,7 +308,7 @@ fn read_frames(tap: &Tap, n: u64, limit: Duration) -> u64 {
 fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
     const RING: u64 = 1000;
     const HELD: u64 = 300;
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();
@@ -321,11 +322,12 @@ fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
     };
     let tap = common::tap_with(&ns, "tps0", qdisc, opts).unwrap();
     if !common::stops_instead_of_dropping(&kernel, &tap, qdisc) {
-        eprintln!(
-            "skipping test - this kernel's tun tail-drops a full ring (tun backpressure {:?}): \
+        Skip::test(format!(
+            "this kernel's tun tail-drops a full ring (tun backpressure {:?}): \
              its queue never stops",
             kernel.tun_backpressure
-        );
+        ))
+        .print();
         return;
     }
     // Nobody reads: the ring fills, the queue stops, the qdisc holds the rest.

@@ -28,7 +28,7 @@ const LOAD_BOUND: Duration = Duration::from_mins(2);
 
 #[test]
 fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("live").unwrap();

@@ -5,6 +5,7 @@
 
 use tap_probe_lab::lab::{KprobeLab, RecursionLab};
 use tap_probe_observer::bpf::backend::Backend;
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::{Gate, Oracle};
@@ -16,7 +17,7 @@ const ROUNDS: [u32; 2] = [3, 7];
 /// nested run is refused and counted in the program's `recursion_misses`.
 #[test]
 fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let mut checks = common::Checks::new();
@@ -25,11 +26,12 @@ fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
     if lab.recursion_misses().unwrap().is_none() {
         // Nor does it refuse the nested runs it would count (both came with Linux 5.12):
         // set off, the program would call itself until the CPU stalls.
-        eprintln!(
-            "skipping test - this kernel does not count the runs it skips (recursion_misses, \
+        Skip::test(
+            "this kernel does not count the runs it skips (recursion_misses, \
              Linux 5.12+), and tap-probe reads them as unknown; nor does it refuse a raw \
-             tracepoint program nested in itself, so it is not set off"
-        );
+             tracepoint program nested in itself, so it is not set off",
+        )
+        .print();
         return;
     }
     checks.eq(
@@ -63,12 +65,12 @@ fn a_raw_tracepoint_program_nested_in_itself_is_one_miss() {
 /// counts in that program's `recursion_misses` from the same release on.
 #[test]
 fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();
     if !Backend::available(&kernel).contains(&Backend::Kprobe) {
-        eprintln!("skipping test - this kernel has no kprobes");
+        Skip::test("this kernel has no kprobes").print();
         return;
     }
     let mut checks = common::Checks::new();
@@ -90,10 +92,12 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
         );
     } else {
         assert_eq!(lab.tracepoint_recursion_misses().unwrap(), None);
-        eprintln!(
-            "skipping program misses - this kernel does not count the runs it skips \
-             (recursion_misses, Linux 5.12+): tap-probe reads them as unknown"
-        );
+        Skip::part(
+            "program misses",
+            "this kernel does not count the runs it skips \
+             (recursion_misses, Linux 5.12+): tap-probe reads them as unknown",
+        )
+        .print();
     }
     if let Some(misses) = lab.kprobe_misses() {
         checks.eq(
@@ -104,10 +108,12 @@ fn a_kprobe_hit_inside_a_kprobe_program_is_one_miss() {
             "attached, not set off: a quiet kprobe reads 0 misses",
         );
     } else {
-        eprintln!(
-            "skipping kprobe misses - this kernel does not report what a kprobe missed (its \
-             perf link has no kprobe.missed before Linux 6.7)"
-        );
+        Skip::part(
+            "kprobe misses",
+            "this kernel does not report what a kprobe missed (its \
+             perf link has no kprobe.missed before Linux 6.7)",
+        )
+        .print();
     }
     let mut triggered = 0;
     for times in ROUNDS {

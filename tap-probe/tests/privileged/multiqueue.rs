@@ -9,6 +9,7 @@ use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
+use tap_probe_verdict::Retry;
 
 use crate::common;
 use crate::common::{Gate, Oracle};
@@ -24,7 +25,7 @@ const ATTEMPTS: u32 = 5;
 
 #[test]
 fn per_queue_consumed_matches_each_readers_count() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let mut checks = common::Checks::new();
@@ -37,10 +38,15 @@ fn per_queue_consumed_matches_each_readers_count() {
         if attempt_exact(&mut checks) || attempt == ATTEMPTS {
             return;
         }
-        eprintln!(
-            "retrying - multiqueue: attempt {attempt} of {ATTEMPTS}: the kernel skipped runs of a \
+        Retry {
+            scenario: "multiqueue".to_owned(),
+            attempt,
+            attempts: ATTEMPTS,
+            why: "the kernel skipped runs of a \
              backend's programs"
-        );
+                .to_owned(),
+        }
+        .print();
     }
 }
 

@@ -20,6 +20,7 @@ use tap_probe_observer::os::tap::{Tap, TapOptions};
 use tap_probe_replay::policy::Policy;
 use tap_probe_replay::ring::X86_64_BATCH;
 use tap_probe_replay::sim::{SimConfig, simulate};
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::BIN;
@@ -30,7 +31,7 @@ const DEV: &str = "tprr0";
 
 #[test]
 fn replayed_tail_drops_match_kernel_tx_dropped() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("rr").unwrap();
@@ -321,16 +322,17 @@ fn monotonic_ns() -> u64 {
 /// workload recorded on a tail-dropping tap predicts the fix's stops, wakes and qdisc drops.
 #[test]
 fn the_fix_wakes_at_half_the_ring_and_the_replay_predicts_it() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();
     let mode = kernel.tun_backpressure.expect("TUNGETFEATURES");
     if mode == TunBackpressure::Never {
-        eprintln!(
-            "skipping test - this kernel's tun has no tail-drop fix: no stop to record, no \
-             run to compare the replay with"
-        );
+        Skip::test(
+            "this kernel's tun has no tail-drop fix: no stop to record, no \
+             run to compare the replay with",
+        )
+        .print();
         return;
     }
     // The qdisc holds as many as the ring, as the replay's pfifo does by default.

@@ -238,7 +238,7 @@ fn flood_secs() -> u64 {
 
 #[test]
 fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -263,7 +263,7 @@ fn record_honours_duration_under_a_load_it_cannot_keep_up_with() {
 
 #[test]
 fn record_honours_sigterm_under_a_load_it_cannot_keep_up_with() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -328,7 +328,7 @@ fn with_traffic<T: Send>(tag: &str, during: impl FnOnce(&str, &str) -> T + Send)
 /// its last whole record with `--salvage`, which says what is missing.
 #[test]
 fn a_killed_recording_is_salvaged() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -435,7 +435,7 @@ impl Drop for SmallDisk {
 /// record with the loss stated; nothing stays attached.
 #[test]
 fn a_full_disk_ends_the_recording_cleanly() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -496,7 +496,7 @@ const TAPS: usize = 70;
 /// `watch` counts them (the queues in use, one each here), all 70 are recorded.
 #[test]
 fn multi_queue_taps_are_recorded_within_the_tables() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("rmq").unwrap();

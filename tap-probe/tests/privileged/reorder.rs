@@ -17,6 +17,7 @@ use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::Row;
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
+use tap_probe_verdict::{Retry, Skip};
 
 use crate::common;
 use crate::common::{Checks, Gate, Oracle};
@@ -40,7 +41,7 @@ const SECS: u64 = 5;
 /// probe and the reader count the same frames as late, exactly.
 #[test]
 fn netem_reordering_is_counted_as_the_reader_sees_it() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("ro-netem").unwrap();
@@ -55,7 +56,7 @@ fn netem_reordering_is_counted_as_the_reader_sees_it() {
     if !tc.status.success() {
         let err = String::from_utf8_lossy(&tc.stderr);
         assert!(err.contains("unknown"), "tc refused netem: {err}");
-        eprintln!("skipping test - this kernel has no sch_netem: {err}");
+        Skip::test(format!("this kernel has no sch_netem: {err}")).print();
         return;
     }
     let filter = Filter {
@@ -167,7 +168,7 @@ fn bounded_by_the_reader(
 /// never at a flow's first frame; within the table, none is.
 #[test]
 fn flows_beyond_the_table_are_taken_up_again() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let table = u64::from(tap_probe_common::MAX_FLOWS);
@@ -288,10 +289,14 @@ fn requeue_reordering_shows_at_the_receiver() {
             format!("the qdisc requeued {requeues} times, yet no segment was counted late"),
         );
     } else {
-        eprintln!(
-            "skipping reordering required - the qdisc requeued {requeues} times, fewer than \
+        Skip::part(
+            "reordering required",
+            format!(
+                "the qdisc requeued {requeues} times, fewer than \
              the {REORDERING_CERTAIN} that make reordering certain"
-        );
+            ),
+        )
+        .print();
         if requeues == 0 {
             run.checks.eq(
                 &gate,
@@ -409,13 +414,13 @@ struct TcpRun {
 /// Runs [`STREAMS`] TCP streams for [`SECS`] through a fresh pair set up as `cfg`, watched
 /// by every backend this kernel runs; the backends must agree on `reordered`.
 fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return None;
     }
     if cfg.slow_peer_ns.is_some()
         && let Some(why) = lab::SlowConsumer::unavailable()
     {
-        eprintln!("skipping test - {why}");
+        Skip::test(why).print();
         return None;
     }
     let mut checks = Checks::new();
@@ -426,10 +431,15 @@ fn tcp_run(tag: &str, cfg: VethConfig) -> Option<TcpRun> {
         if let Some(run) = tcp_attempt(tag, cfg, &mut checks) {
             return Some(TcpRun { checks, ..run });
         }
-        eprintln!(
-            "retrying - {tag}: attempt {attempt} of {ATTEMPTS}: the kernel skipped program runs \
+        Retry {
+            scenario: tag.to_owned(),
+            attempt,
+            attempts: ATTEMPTS,
+            why: "the kernel skipped program runs \
              of every backend"
-        );
+                .to_owned(),
+        }
+        .print();
     }
     panic!("{tag}: in {ATTEMPTS} runs the kernel skipped program runs of every backend");
 }

@@ -64,7 +64,7 @@ fn read(tap: &Tap, n: u64) {
 /// frees one.
 #[test]
 fn ring_occupancy_follows_what_went_in_and_out() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("ring").unwrap();
@@ -155,7 +155,7 @@ fn ring_occupancy_follows_what_went_in_and_out() {
 /// reader comes back. Without the fix the ring drops and the queue never stops.
 #[test]
 fn a_stopped_queue_whose_reader_pauses_is_stuck() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();
@@ -238,7 +238,7 @@ fn a_stopped_queue_whose_reader_pauses_is_stuck() {
 #[test]
 fn a_ring_without_room_stalls_only_the_posted_series() {
     const FRAMES: u64 = 300;
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = common::kernel();

@@ -21,6 +21,7 @@ use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::tap::Tap;
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::BIN;
@@ -271,7 +272,7 @@ fn allowed_syscalls(filter: &[&str]) -> Option<BTreeSet<String>> {
     reason = "one service life, start to stop, in order"
 )]
 fn the_unit_runs_it_with_its_capabilities_alone() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     // A copy the unprivileged user can reach (the build directory may be private).
@@ -333,10 +334,11 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
         wrapped.extend(["strace", "-f", "-qq", "-o"].map(str::to_owned));
         wrapped.push(trace.display().to_string());
     } else {
-        println!(
-            "skipping test - the unit's SystemCallFilter is not checked here: strace or \
-             systemd-analyze is missing"
-        );
+        Skip::test(
+            "the unit's SystemCallFilter is not checked here: strace or \
+             systemd-analyze is missing",
+        )
+        .print();
     }
     wrapped.extend(as_the_unit_runs_it(&caps));
     wrapped.push(binary.display().to_string());

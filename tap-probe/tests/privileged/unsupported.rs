@@ -84,7 +84,7 @@ fn assert_refused(out: &Output, missing: &str) {
 
 #[test]
 fn a_kernel_without_btf_is_named_in_one_line_and_exits_2() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -113,7 +113,7 @@ fn a_kernel_without_btf_is_named_in_one_line_and_exits_2() {
 
 #[test]
 fn a_kernel_without_tun_or_tap_is_named_in_one_line_and_exits_2() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").expect("reading /proc/kallsyms");

@@ -22,7 +22,7 @@ use crate::common::{Gate, Oracle};
 
 #[test]
 fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("disc").unwrap();
@@ -61,7 +61,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
 
 #[test]
 fn json_lines_carry_every_field() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("json").unwrap();
@@ -165,7 +165,7 @@ fn json_lines_of_one_run(ns: &NamedNetns, flows: bool) {
 /// load did, by the sender's and the kernel's own counts; the rows agree with the kernel.
 #[test]
 fn demo_json_ends_with_the_rows_and_the_load_report() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -226,7 +226,7 @@ fn demo_json_ends_with_the_rows_and_the_load_report() {
 /// fix. Where the kernel lacks the flag, the demo refuses before it makes anything.
 #[test]
 fn demo_with_backpressure_stops_the_queue_or_refuses() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let out = Command::new(BIN)
@@ -259,7 +259,7 @@ fn demo_with_backpressure_stops_the_queue_or_refuses() {
 
 #[test]
 fn unmatched_glob_is_an_error_that_lists_devices() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("nomatch").unwrap();
@@ -280,7 +280,7 @@ fn unmatched_glob_is_an_error_that_lists_devices() {
 
 #[test]
 fn without_privileges_the_error_names_the_capabilities() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     // setpriv (util-linux) drops to an unprivileged user with no capabilities; that user
@@ -311,7 +311,7 @@ fn without_privileges_the_error_names_the_capabilities() {
 
 #[test]
 fn forcing_an_unavailable_backend_is_a_clear_error_and_auto_falls_back() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("backend").unwrap();
@@ -412,7 +412,7 @@ fn sample(body: &str, family: &str, device: &str) -> Option<u64> {
 #[test]
 fn prometheus_endpoint_serves_the_counters() {
     const FRAMES: u64 = 500;
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("prom").unwrap();
@@ -477,7 +477,7 @@ fn prometheus_endpoint_serves_the_counters() {
 #[test]
 fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
     const FRAMES: u64 = 500;
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("noocc").unwrap();
@@ -537,7 +537,7 @@ fn without_occupancy_the_ring_is_left_unread_and_the_counts_stay_exact() {
 #[test]
 fn the_final_json_object_keeps_a_device_that_went_away() {
     const FRAMES: u64 = 300;
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("gonejson").unwrap();
@@ -626,7 +626,7 @@ fn watch_json(ns: &str, extra: &[&str]) -> (serde_json::Value, String) {
 /// with a warning that says what is not exact.
 #[test]
 fn macvtap_is_watched_only_when_asked_for_and_then_with_a_warning() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("mvtap").unwrap();
@@ -693,7 +693,7 @@ fn with_capabilities(caps: &[&str], args: &[&str]) -> std::process::Output {
 /// stands in for).
 #[test]
 fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let out = with_capabilities(&[], &["watch", "--duration", "1"]);
@@ -758,7 +758,7 @@ fn the_capabilities_the_error_names_are_enough_and_each_is_needed() {
 /// field is proven in `misses.rs`, which causes misses and counts them with the same code.
 #[test]
 fn what_the_kernel_skipped_is_read_for_every_program() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let kernel = KernelInfo::load().unwrap();

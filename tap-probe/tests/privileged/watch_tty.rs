@@ -160,7 +160,7 @@ fn screen_lines(raw: &[u8]) -> Vec<String> {
 
 #[test]
 fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     // The load's tap appears at once and sends after a delay, time for watch to attach and
@@ -270,7 +270,7 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
 
 #[test]
 fn the_full_screen_view_quits_on_q_and_restores_the_terminal() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     // The load runs until the test ends it: the watch attaches only after the kernel has

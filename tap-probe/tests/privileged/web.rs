@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tap_probe_observer::bpf::backend::Backend;
 use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::os::netlink::RootQdisc;
+use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::BIN;
@@ -36,14 +37,15 @@ const COUNTED: &[&str] = &[
 
 /// Whether the test can run here: as root (`serve` attaches), with Prometheus installed.
 fn can_run() -> bool {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return false;
     }
     if !common::prometheus::installed() {
-        println!(
-            "skipping test - no {PROMETHEUS} here (Debian's prometheus package; cargo xtask \
+        Skip::test(format!(
+            "no {PROMETHEUS} here (Debian's prometheus package; cargo xtask \
              setup installs it)"
-        );
+        ))
+        .print();
         return false;
     }
     true
@@ -445,7 +447,7 @@ fn the_web_config_is_read_again_when_it_changes() {
 /// byte a second is cut off at the head timeout.
 #[test]
 fn request_limits_and_keep_alive() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let ns = common::quiet_netns("weblim").unwrap();

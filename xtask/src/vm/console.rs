@@ -115,7 +115,7 @@ mod tests {
             "init: tap-probe doctor exited 0 (uptime 9.00 s)".to_owned(),
             "init: running exactness a (uptime 9.50 s)".to_owned(),
             "running 1 test".to_owned(),
-            "skipping test - no kprobes".to_owned(),
+            tap_probe_verdict::Skip::test("no kprobes").line(),
             r#"oracle: {"outcome":"exact","count":3,"oracle":"qdisc","backend":"kprobe"}"#
                 .to_owned(),
             "test result: ok. 1 passed".to_owned(),

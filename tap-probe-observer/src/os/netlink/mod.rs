@@ -48,7 +48,7 @@ mod privileged_tests {
 
     #[test]
     fn links_veth_and_qdiscs_match_iproute2() {
-        if !crate::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnl-{}", std::process::id())).unwrap();
@@ -110,7 +110,7 @@ mod privileged_tests {
 
     #[test]
     fn tap_kind_queues_and_stats() {
-        if !crate::os::root() {
+        if !tap_probe_verdict::root() {
             return;
         }
         let ns = NamedNetns::create(&format!("tp-test-rtnlt-{}", std::process::id())).unwrap();

@@ -22,6 +22,7 @@ use tap_probe_observer::kernel::{KernelInfo, TunBackpressure};
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
+use tap_probe_verdict::Skip;
 
 pub(crate) mod oracle;
 pub(crate) mod second_reading;
@@ -89,7 +90,7 @@ pub(crate) fn has_qdisc(qdisc: RootQdisc) -> bool {
                 text.contains("qdisc"),
                 "only a missing qdisc may fail here: {text}"
             );
-            eprintln!("skipping test - {text}");
+            Skip::test(text).print();
             false
         }
     }
@@ -192,7 +193,7 @@ pub(crate) fn watchers(filter: &Filter) -> Vec<(Backend, Watcher)> {
         match Watcher::with_occupancy(&kernel, filter, backend, Occupancy::Exact) {
             Ok(w) => all.push((backend, w)),
             Err(err) if !expected.contains(&backend) => {
-                eprintln!("skipping backend {backend:?} - {err:#}");
+                Skip::part(format!("backend {backend:?}"), format!("{err:#}")).print();
             }
             Err(err) => panic!("backend {backend:?} does not attach on this kernel: {err:#}"),
         }
@@ -214,7 +215,7 @@ pub(crate) fn ring_unsampled(watcher: &Watcher, said: &mut bool) -> bool {
         return false;
     }
     if !std::mem::replace(said, true) {
-        eprintln!("skipping ring occupancy - {}", sources.ring);
+        Skip::part("ring occupancy", sources.ring.to_string()).print();
     }
     true
 }

@@ -43,7 +43,7 @@ const QUICK: &str = "[[scenario]]\nname = \"quick\"\nqdisc = \"pfifo-fast\"\npac
 /// most of what it had to write (the check stopped reading at the bound).
 #[test]
 fn a_spec_or_baseline_that_is_no_file_or_too_large_is_refused_before_it_is_read() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     leftovers::subreaper();
@@ -113,7 +113,7 @@ fn a_spec_or_baseline_that_is_no_file_or_too_large_is_refused_before_it_is_read(
 /// refused in one line with exit status 2, having made nothing.
 #[test]
 fn every_output_is_checked_before_anything_is_made() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     leftovers::subreaper();
@@ -194,7 +194,7 @@ fn every_output_is_checked_before_anything_is_made() {
 /// summary's last line names the output and states that status.
 #[test]
 fn an_output_that_fails_after_the_run_ends_it_with_status_2() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     leftovers::subreaper();

@@ -21,11 +21,12 @@ use run::{Io, Run, Start};
 
 use crate::common;
 use crate::common::stopped_by;
+use tap_probe_verdict::Skip;
 
 /// How the tests here begin: without root, nothing (the test returns); with it, the test
 /// process made the subreaper of everything it starts, and the host as it was before.
 fn host_before_as_root() -> Option<Host> {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return None;
     }
     leftovers::subreaper();
@@ -648,7 +649,7 @@ fn with_stdin_at_end_of_file_from_the_start_nothing_spins_and_nohup_holds() {
 
 #[test]
 fn vm_takes_its_guest_down_whatever_ends_it() {
-    if !tap_probe_observer::os::root() {
+    if !tap_probe_verdict::root() {
         return;
     }
     let qemu = tap_probe_guest::qemu::QEMU;
@@ -657,7 +658,7 @@ fn vm_takes_its_guest_down_whatever_ends_it() {
         .output()
         .is_err()
     {
-        eprintln!("skipping test - {qemu} is not here: vm cannot boot a guest");
+        Skip::test(format!("{qemu} is not here: vm cannot boot a guest")).print();
         return;
     }
     leftovers::subreaper();
