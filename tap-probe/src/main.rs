@@ -11,9 +11,10 @@ mod cli_reference;
 mod cmd;
 mod output;
 
-// The integration tests' tallies; the binary's own unit tests make none.
+// What only the integration tests use: what they tell xtask, and the probe object's
+// program names; the binary's own unit tests use neither.
 #[cfg(test)]
-use tap_probe_verdict as _;
+use {aya_obj as _, tap_probe_verdict as _};
 
 fn main() -> std::process::ExitCode {
     cli::main()

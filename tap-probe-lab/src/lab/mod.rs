@@ -10,7 +10,6 @@
 pub mod load;
 pub mod misses;
 pub mod pacer;
-pub mod programs;
 pub mod slow_consumer;
 pub mod streams;
 pub mod traffic;
@@ -18,7 +17,6 @@ pub mod veth_load;
 pub mod vhost;
 
 pub use crate::lab::misses::{KprobeLab, RecursionLab};
-pub use crate::lab::programs::probe_program_names;
 pub use crate::lab::slow_consumer::SlowConsumer;
 pub use crate::lab::streams::{
     RECEIVER_DEV, SENDER_DEV, StreamsReport, TcpCounters, VethConfig, VethLink,

@@ -767,7 +767,7 @@ fn what_the_kernel_skipped_is_read_for_every_program() {
         "bpf_prog_info",
         "recursion_misses",
     );
-    let names = tap_probe_lab::lab::probe_program_names().unwrap();
+    let names = common::probe_program_names().unwrap();
     let ns = common::quiet_netns("missed").unwrap();
     let _tap = common::tap_in(&ns, "tpmi0", RootQdisc::Noqueue).unwrap();
     for backend in Backend::available(&kernel) {

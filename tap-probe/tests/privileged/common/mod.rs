@@ -32,6 +32,18 @@ pub(crate) use oracle::{Checks, Gate, Oracle};
 /// The tap-probe binary cargo built for these tests.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
+/// The names of every program in the probe object, as the embedded object gives them, so
+/// that a test can find every one left loaded after a run (the kernel keeps the first 15
+/// bytes of a program's name, `BPF_OBJ_NAME_LEN` with the NUL) and tell them from others.
+///
+/// # Errors
+/// When the embedded object cannot be parsed (a build with `AYA_BUILD_SKIP` has none).
+pub(crate) fn probe_program_names() -> Result<std::collections::BTreeSet<String>> {
+    let object = aya_obj::Object::parse(tap_probe_observer::bpf::object::Object::Probe.bytes())
+        .context("parsing the embedded probe object")?;
+    Ok(object.programs.keys().cloned().collect())
+}
+
 /// A namespace name no other test or run uses.
 pub(crate) fn unique(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
