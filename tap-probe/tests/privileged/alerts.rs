@@ -14,7 +14,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tap_probe_lab::lab::{self, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
@@ -25,7 +24,7 @@ use crate::common;
 use crate::common::BIN;
 use crate::common::oracle::{Checks, Gate, Oracle};
 use crate::common::prometheus::{Misses, Prometheus, Series};
-use crate::common::service::Service;
+use crate::common::service::{self, Service};
 
 /// The backend `serve` runs with: the cheaper one, which every kernel with the flag has.
 const BACKEND: Backend = Backend::Tracepoint;
@@ -249,16 +248,7 @@ fn the_alerts_of_a_kernel_with_iff_backpressure_fire_where_its_counters_say() {
 
     // serve and Prometheus before any frame: every series starts at zero.
     let (service, loaded, prometheus) = exporter(&ns);
-    let kernel_misses = || -> u64 {
-        loaded
-            .iter()
-            .map(|&id| {
-                program_recursion_misses(id)
-                    .unwrap()
-                    .expect(common::MISSES_COUNTED)
-            })
-            .sum()
-    };
+    let kernel_misses = || service::kernel_misses(&loaded);
     wait_stored(&prometheus, &ns, within(30.0));
     // Prometheus's first samples hold no more misses than the kernel counted by now.
     let missed_stored = kernel_misses();

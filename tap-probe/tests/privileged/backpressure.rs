@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use tap_probe_common::MetricId;
 use tap_probe_lab::lab::{self, SenderConfig, SlowConsumer};
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::{Row, Value};
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
@@ -70,11 +69,7 @@ fn veth_with_slow_peer(queues: u32) {
         })
         .unwrap()
     };
-    let filter = Filter {
-        globs: vec!["tpva".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tpva");
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
         assert!(!w.refresh().unwrap().rows.is_empty());

@@ -3,7 +3,7 @@
 //! a device that lives through it all exactly.
 
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 use crate::common;
 use crate::common::BIN;
+use crate::common::running::ChildGuard;
 
 /// Rounds of churn: each fills a namespace with taps and veths and deletes it.
 const ROUNDS: usize = 3;
@@ -24,18 +25,6 @@ const VETH_PAIRS: usize = 400;
 const MAX_QUEUES: &str = "1024";
 /// Frames through the device that lives through the churn.
 const FRAMES: u32 = 2_000;
-
-/// Kills the watcher if the test fails before it is reaped.
-struct ChildGuard(Option<Child>);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 /// One scrape of `/metrics`: the status line and the body.
 fn scrape(addr: &str) -> (String, String) {

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use tap_probe_lab::lab::{self, SendReport, SenderConfig};
 use tap_probe_observer::bpf::backend::Sources;
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::Row;
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
@@ -58,11 +57,7 @@ fn tap_with_slow_reader(setup: Setup) {
     let tap = created.unwrap();
     let stops = common::stops_instead_of_dropping(&kernel, &tap, setup.qdisc);
     eprintln!("{setup:?}: this kernel's tap stops instead of dropping: {stops}");
-    let filter = Filter {
-        globs: vec!["tpx0".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tpx0");
     let mut watchers = common::watchers(&filter);
     for (backend, w) in &mut watchers {
         let start = w.refresh().unwrap();
@@ -388,11 +383,7 @@ fn reader_sleeps_match_the_readers_context_switches() {
     }
     let ns = common::quiet_netns("sleep").unwrap();
     let tap = common::tap_in(&ns, "tps0", RootQdisc::Noqueue).unwrap();
-    let filter = Filter {
-        globs: vec!["tps0".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tps0");
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
         w.refresh().unwrap();

@@ -27,14 +27,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_verdict::Skip;
 
 use crate::common;
 use crate::common::BIN;
 use crate::common::oracle::{Checks, Gate, Oracle};
 use crate::common::prometheus::{Misses, PROMETHEUS, Prometheus, SCRAPE, Series, encode};
-use crate::common::service::{Service, left_behind};
+use crate::common::service::{self, Service, left_behind};
 
 const DASHBOARD: &str = include_str!("../../../deploy/grafana/tap-probe.json");
 /// Seconds the loads wait before sending: `serve` has found their devices by then (it
@@ -527,16 +526,7 @@ fn scenario(form: Form) {
         assert!(Instant::now() < deadline, "prometheus never scraped serve");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let kernel_misses = || -> u64 {
-        loaded
-            .iter()
-            .map(|&id| {
-                program_recursion_misses(id)
-                    .unwrap()
-                    .expect(common::MISSES_COUNTED)
-            })
-            .sum()
-    };
+    let kernel_misses = || service::kernel_misses(&loaded);
     // The first samples hold no more of the programs' misses than the kernel counted by now.
     let missed_stored = kernel_misses();
 

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
@@ -345,11 +344,7 @@ fn a_queue_stopped_before_tracking_began_keeps_the_identities() {
     assert_eq!((tx_packets, tx_dropped), (0, 0));
 
     // Tracking begins now, with the queue stopped.
-    let filter = Filter {
-        globs: vec!["tps0".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tps0");
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
         let row = w.refresh().unwrap().rows.remove(0);

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::Row;
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
@@ -41,11 +40,7 @@ fn attached_under_load_the_kernel_columns_agree_once_traffic_stops() {
     // Paced so that packets leave gaps in which an exact baseline can be read, also where
     // reading the kernel's statistics is ten times slower (an emulated guest).
     let slowdown = common::slowdown();
-    let filter = Filter {
-        globs: vec!["tpl0".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tpl0");
     let attached = AtomicBool::new(false);
     let stop = Arc::new(AtomicBool::new(false));
     let mut checks = common::Checks::new();

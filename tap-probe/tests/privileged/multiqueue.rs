@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use tap_probe_lab::lab::{Drive, ReaderConfig, SenderConfig};
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::{NamedNetns, run_in};
 use tap_probe_observer::os::tap::{Tap, TapOptions};
@@ -55,11 +54,7 @@ fn per_queue_consumed_matches_each_readers_count() {
 fn attempt_exact(checks: &mut common::Checks) -> bool {
     let ns = common::quiet_netns("mq").unwrap();
     let tap = two_queue_tap(&ns);
-    let filter = Filter {
-        globs: vec!["tpm0".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tpm0");
     let mut watchers = common::watchers(&filter);
     for (backend, w) in &mut watchers {
         let rows = w.refresh().unwrap().rows;

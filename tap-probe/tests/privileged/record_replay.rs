@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tap_probe_common::{EventKind, WakeClass};
 use tap_probe_lab::lab::SenderConfig;
-use tap_probe_observer::host::discovery::{Discovery, Filter};
+use tap_probe_observer::host::discovery::Discovery;
 use tap_probe_observer::kernel::TunBackpressure;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
@@ -36,11 +36,7 @@ fn replayed_tail_drops_match_kernel_tx_dropped() {
     }
     let ns = common::quiet_netns("rr").unwrap();
     let tap = common::tap_in(&ns, DEV, RootQdisc::Noqueue).unwrap();
-    let filter = Filter {
-        globs: vec![DEV.to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, DEV);
     let stats = || {
         let devs = Discovery::new(&filter).unwrap().matching().unwrap();
         assert_eq!(devs.len(), 1, "{devs:?}");

@@ -16,18 +16,7 @@ use tap_probe_observer::os::tap::{Tap, TapOptions};
 
 use crate::common;
 use crate::common::BIN;
-
-/// Kills the recorder if the test fails before it is reaped.
-struct ChildGuard(Option<Child>);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use crate::common::running::ChildGuard;
 
 /// A running `tap-probe record`: the process, the thread that collects what it prints on
 /// stderr, and a channel that carries `()` once it printed its summary (its file is then
@@ -125,22 +114,6 @@ fn pin_to_cpu0() {
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
 }
 
-/// Waits for the recorder, at most `limit`; `None` if it is still running then.
-fn wait_for(guard: &mut ChildGuard, limit: Duration) -> Option<std::process::ExitStatus> {
-    let end = Instant::now() + limit;
-    let child = guard.0.as_mut().unwrap();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            guard.0 = None;
-            return Some(status);
-        }
-        if Instant::now() >= end {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits, starved, at most `limit` for the starved recorder to finish its file (its
 /// summary); then lets it have the CPU it wants and waits, at most [`EXIT`], for it to
 /// exit. Its exit status, or what it had not done in time.
@@ -162,9 +135,12 @@ fn wait_for_end(
     if let Some(child) = &recorder.guard.0 {
         unstarve(child.id());
     }
-    wait_for(&mut recorder.guard, EXIT * common::slowdown()).ok_or_else(|| {
-        format!("summary {summed_up:?} after the stop, but no exit {EXIT:?} after that")
-    })
+    recorder
+        .guard
+        .wait_within(EXIT * common::slowdown())
+        .ok_or_else(|| {
+            format!("summary {summed_up:?} after the stop, but no exit {EXIT:?} after that")
+        })
 }
 
 /// Starts a recorder on a fresh tap with `extra` arguments, starves it once it has attached,

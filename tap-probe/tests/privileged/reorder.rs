@@ -13,7 +13,6 @@ use tap_probe_lab::lab::{
     self, Drive, ReaderConfig, SENDER_DEV, SenderConfig, TcpCounters, VethConfig, VethLink,
 };
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::Row;
 use tap_probe_observer::os::netlink::{QdiscStats, RootQdisc, Rtnl};
 use tap_probe_observer::os::netns::run_in;
@@ -59,11 +58,7 @@ fn netem_reordering_is_counted_as_the_reader_sees_it() {
         Skip::test(format!("this kernel has no sch_netem: {err}")).print();
         return;
     }
-    let filter = Filter {
-        globs: vec!["tpro0".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tpro0");
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
         assert!(!w.refresh().unwrap().rows.is_empty());
@@ -175,11 +170,7 @@ fn flows_beyond_the_table_are_taken_up_again() {
     for (flows, rounds) in [(100, 3), (table + table / 4, 3)] {
         let ns = common::quiet_netns("ro-flows").unwrap();
         let tap = common::tap_in(&ns, "tpro1", RootQdisc::Pfifo { limit: None }).unwrap();
-        let filter = Filter {
-            globs: vec!["tpro1".to_owned()],
-            netns: Some(ns.name().to_owned()),
-            macvtap: false,
-        };
+        let filter = common::filter(&ns, "tpro1");
         let mut watchers = common::watchers(&filter);
         for (_, w) in &mut watchers {
             assert!(!w.refresh().unwrap().rows.is_empty());
@@ -450,11 +441,7 @@ const ATTEMPTS: u32 = 3;
 /// One run of [`tcp_run`]; `None` when no backend's counts are exact.
 fn tcp_attempt(tag: &str, cfg: VethConfig, checks: &mut Checks) -> Option<TcpRun> {
     let link = VethLink::create(&common::unique(tag), cfg).unwrap();
-    let filter = Filter {
-        globs: vec![SENDER_DEV.to_owned()],
-        netns: Some(link.sender.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&link.sender, SENDER_DEV);
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
         assert!(!w.refresh().unwrap().rows.is_empty());

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tap_probe_lab::lab::{self, SenderConfig};
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::host::discovery::Filter;
 use tap_probe_observer::host::report::Row;
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::kernel::TunBackpressure;
@@ -21,11 +20,7 @@ use crate::common::{Gate, Oracle};
 const RING: u64 = 1000;
 
 fn watch(ns: &NamedNetns, name: &str) -> Vec<(Backend, Watcher)> {
-    let filter = Filter {
-        globs: vec![name.to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(ns, name);
     let mut watchers = common::watchers(&filter);
     for (_, w) in &mut watchers {
         w.set_stuck_after(Duration::from_secs(1));

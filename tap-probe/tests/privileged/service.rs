@@ -18,7 +18,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_observer::os::tap::Tap;
 use tap_probe_verdict::Skip;
@@ -26,7 +25,7 @@ use tap_probe_verdict::Skip;
 use crate::common;
 use crate::common::BIN;
 use crate::common::oracle::{Checks, Gate, Oracle};
-use crate::common::service::{Service, left_behind, programs, sample};
+use crate::common::service::{self, Service, left_behind, programs, sample};
 use crate::common::web::{self, PASSWORD, Pki, USER};
 
 const UNIT: &str = include_str!("../../../deploy/systemd/tap-probe.service");
@@ -404,14 +403,7 @@ fn the_unit_runs_it_with_its_capabilities_alone() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let consumed = sample(&body, "tap_probe_consumed_total", &labels);
-    let missed_runs: u64 = loaded
-        .iter()
-        .map(|&id| {
-            program_recursion_misses(id)
-                .unwrap()
-                .expect(common::MISSES_COUNTED)
-        })
-        .sum();
+    let missed_runs = service::kernel_misses(&loaded);
     // The unit leaves the backend to serve: what this kernel has.
     let gate = Gate::of_programs(Backend::Auto, missed_runs);
     let mut checks = Checks::new();

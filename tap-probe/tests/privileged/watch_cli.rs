@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::host::discovery::{DeviceKind, Filter};
+use tap_probe_observer::host::discovery::DeviceKind;
 use tap_probe_observer::host::watcher::Watcher;
 use tap_probe_observer::kernel::KernelInfo;
 use tap_probe_observer::os::netlink::{RootQdisc, Rtnl};
@@ -27,11 +27,7 @@ fn finds_tap_in_other_namespace_with_owner_and_retires_it_when_removed() {
     }
     let ns = common::quiet_netns("disc").unwrap();
     let tap = common::tap_in(&ns, "tpd0", RootQdisc::PfifoFast).unwrap();
-    let filter = Filter {
-        globs: vec!["tpd*".to_owned()],
-        netns: Some(ns.name().to_owned()),
-        macvtap: false,
-    };
+    let filter = common::filter(&ns, "tpd*");
     let kernel = KernelInfo::load().unwrap();
     let mut watcher = Watcher::with_backend(&kernel, &filter, Backend::Auto).unwrap();
     let report = watcher.refresh().unwrap();

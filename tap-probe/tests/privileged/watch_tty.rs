@@ -5,62 +5,35 @@
 
 use std::io::Read as _;
 use std::os::fd::OwnedFd;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::pty::{Winsize, openpty};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::termios::{LocalFlags, tcgetattr};
-use nix::unistd::Pid;
 use tap_probe_spec::load::LoadNumbers;
 
 use crate::common;
 use crate::common::BIN;
+use crate::common::running::ChildGuard;
 
 const COLUMNS: u16 = 100;
 
-/// Kills a child that the test did not reap (a failed assertion), so nothing outlives it.
-struct ChildGuard(Option<Child>);
-
-impl ChildGuard {
-    fn spawn(command: &mut Command) -> Self {
-        Self(Some(
-            common::stoppable(command)
-                .spawn()
-                .expect("tap-probe starts"),
-        ))
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.0.as_ref().unwrap().id()).unwrap())
-    }
-
-    /// Waits (bounded) for the child to exit; its status.
-    fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + within;
-        let child = self.0.as_mut().unwrap();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.0 = None;
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tap-probe did not exit in {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+/// `command` started, killed if the test fails before it is reaped.
+fn spawn(command: &mut Command) -> ChildGuard {
+    ChildGuard(Some(
+        common::stoppable(command)
+            .spawn()
+            .expect("tap-probe starts"),
+    ))
 }
 
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// Waits (bounded) for `child` to exit; its status.
+fn exited(child: &mut ChildGuard, within: Duration) -> std::process::ExitStatus {
+    child
+        .wait_within(within)
+        .unwrap_or_else(|| panic!("tap-probe did not exit in {within:?}"))
 }
 
 /// A pseudo-terminal of [`COLUMNS`] x 40 whose slave is a command's stdin, stdout and
@@ -110,7 +83,7 @@ impl Pty {
             .stdin(Stdio::from(slave.try_clone().unwrap()))
             .stdout(Stdio::from(slave.try_clone().unwrap()))
             .stderr(Stdio::from(slave));
-        ChildGuard::spawn(command)
+        spawn(command)
     }
 
     /// Everything written so far, waiting (bounded) until `until` holds of it.
@@ -174,7 +147,7 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     let start_delay = if emulated { 12 } else { 4 };
     let reader_pps = if emulated { "100" } else { "10000" };
     let started = Instant::now();
-    let mut load = ChildGuard::spawn(
+    let mut load = spawn(
         Command::new(BIN)
             .args(["load", "--duration", "2", "--tx-queue-len", "100"])
             .args(["--qdisc", "noqueue"])
@@ -209,7 +182,7 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     );
     let mut report = load.0.as_mut().unwrap().stdout.take().unwrap();
     assert_eq!(
-        load.wait(Duration::from_mins(1)).code(),
+        exited(&mut load, Duration::from_mins(1)).code(),
         Some(0),
         "the load ran"
     );
@@ -220,7 +193,7 @@ fn watch_on_a_terminal_fits_it_and_its_summary_keeps_the_device_that_went_away()
     pty.read_until(&mut raw, Duration::from_secs(10), |t| t.contains("(gone)"));
     std::thread::sleep(Duration::from_millis(600));
     kill(watch.pid(), Signal::SIGTERM).unwrap();
-    let status = watch.wait(Duration::from_secs(20));
+    let status = exited(&mut watch, Duration::from_secs(20));
     pty.read_to_end(&mut raw);
     let lines = screen_lines(&raw);
     let text = lines.join("\n");
@@ -275,7 +248,7 @@ fn the_full_screen_view_quits_on_q_and_restores_the_terminal() {
     }
     // The load runs until the test ends it: the watch attaches only after the kernel has
     // verified its programs, which takes seconds in an emulated guest.
-    let mut load = ChildGuard::spawn(
+    let mut load = spawn(
         Command::new(BIN)
             .args(["load", "--duration", "60", "--start-delay", "1"])
             .args(["--pps", "20000", "--reader-pps", "5000"])
@@ -303,7 +276,7 @@ fn the_full_screen_view_quits_on_q_and_restores_the_terminal() {
         use std::io::Write as _;
         (&pty.master).write_all(b"q").unwrap();
     }
-    let status = watch.wait(Duration::from_secs(20));
+    let status = exited(&mut watch, Duration::from_secs(20));
     pty.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();
     assert!(status.success(), "{text}");
@@ -323,5 +296,5 @@ fn the_full_screen_view_quits_on_q_and_restores_the_terminal() {
     assert_eq!(after.input_flags, before.input_flags);
     assert_eq!(after.output_flags, before.output_flags);
     kill(load.pid(), Signal::SIGINT).unwrap();
-    load.wait(Duration::from_secs(30));
+    exited(&mut load, Duration::from_secs(30));
 }

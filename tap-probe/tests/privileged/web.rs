@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use tap_probe_observer::bpf::backend::Backend;
-use tap_probe_observer::bpf::missed::program_recursion_misses;
 use tap_probe_observer::os::netlink::RootQdisc;
 use tap_probe_verdict::Skip;
 
@@ -23,7 +22,7 @@ use crate::common;
 use crate::common::BIN;
 use crate::common::oracle::{Checks, Gate, Oracle};
 use crate::common::prometheus::{PROMETHEUS, Prometheus, SCRAPE, Series, Target};
-use crate::common::service::Service;
+use crate::common::service::{self, Service};
 use crate::common::web::{self, PASSWORD, Pki, USER};
 
 const FRAMES: u32 = 500;
@@ -160,15 +159,7 @@ fn port(addr: &str) -> u16 {
 
 /// The gate of a serve's counts: exact where the kernel skipped none of its programs' runs.
 fn gate_of(loaded: &BTreeSet<u32>) -> Gate {
-    let missed = loaded
-        .iter()
-        .map(|&id| {
-            program_recursion_misses(id)
-                .unwrap()
-                .expect(common::MISSES_COUNTED)
-        })
-        .sum();
-    Gate::of_programs(Backend::Tracepoint, missed)
+    Gate::of_programs(Backend::Tracepoint, service::kernel_misses(loaded))
 }
 
 #[test]

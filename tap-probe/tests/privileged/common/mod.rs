@@ -29,6 +29,15 @@ pub(crate) mod second_reading;
 
 pub(crate) use oracle::{Checks, Gate, Oracle};
 
+/// What a test watches: the devices `glob` matches in `ns`, macvtaps not included.
+pub(crate) fn filter(ns: &NamedNetns, glob: &str) -> Filter {
+    Filter {
+        globs: vec![glob.to_owned()],
+        netns: Some(ns.name().to_owned()),
+        macvtap: false,
+    }
+}
+
 /// The tap-probe binary cargo built for these tests.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tap-probe");
 
@@ -231,12 +240,6 @@ pub(crate) fn ring_unsampled(watcher: &Watcher, said: &mut bool) -> bool {
     }
     true
 }
-
-/// What a test that holds another process's programs to the kernel's count of their skipped
-/// runs needs: a kernel that counts them (`recursion_misses`, Linux 5.12+; every kernel those
-/// tests run on).
-pub(crate) const MISSES_COUNTED: &str =
-    "this kernel does not count the runs it skips (recursion_misses, Linux 5.12+)";
 
 /// Why `watcher`'s counts may be short, if they may: the kernel skipped runs of its
 /// programs. A kprobe program does not run while another one runs on its CPU, e.g. when a

@@ -1,13 +1,39 @@
 //! `tap-probe watch` running beside a test: started as a child, its output read line by line
 //! as it comes, killed if the test fails before it is ended.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 use super::BIN;
 
-/// Kills a `tap-probe` child if the test fails before it is reaped.
+/// Kills a child (`tap-probe`, mostly) if the test fails before it is reaped.
 pub(crate) struct ChildGuard(pub(crate) Option<Child>);
+
+impl ChildGuard {
+    /// The child's pid.
+    pub(crate) fn pid(&self) -> nix::unistd::Pid {
+        let child = self.0.as_ref().expect("a child not yet reaped");
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap())
+    }
+
+    /// Waits for the child to exit, at most `limit`: its status, or `None` if it still runs
+    /// then (the guard still holds it).
+    pub(crate) fn wait_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + limit;
+        let child = self.0.as_mut().expect("a child not yet reaped");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.0 = None;
+                return Some(status);
+            }
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {

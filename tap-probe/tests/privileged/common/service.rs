@@ -10,6 +10,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tap_probe_observer::bpf::missed::program_recursion_misses;
+
 /// How long `serve` may take to attach and say where it serves, on a machine that is not
 /// emulated (see [`super::slowdown`]).
 const STARTUP: Duration = Duration::from_mins(1);
@@ -205,6 +207,19 @@ pub(crate) fn programs() -> BTreeSet<u32> {
         .filter_map(Result::ok)
         .map(|p| p.id())
         .collect()
+}
+
+/// The runs of the programs of `ids` the kernel skipped, in all: what a test holds another
+/// process's programs to (`recursion_misses`, Linux 5.12+, which every kernel these tests
+/// run on counts).
+pub(crate) fn kernel_misses(ids: &BTreeSet<u32>) -> u64 {
+    ids.iter()
+        .map(|&id| {
+            program_recursion_misses(id).unwrap().expect(
+                "this kernel does not count the runs it skips (recursion_misses, Linux 5.12+)",
+            )
+        })
+        .sum()
 }
 
 /// The programs of `ids` still loaded, and the links to any of them: what a process that
